@@ -64,9 +64,31 @@ def register(metric: Metric) -> Metric:
     return metric
 
 
-def prepare(con: duckdb.DuckDBPyConnection) -> None:
-    """Create the base views (temp, so read-only stores work)."""
-    con.execute((SQL_DIR / "base_views.sql").read_text(encoding="utf-8"))
+BASE_RELATIONS = ("scored", "option_probs")
+
+
+def _materialized(con: duckdb.DuckDBPyConnection) -> bool:
+    rows = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name IN ('scored', 'option_probs')"
+    ).fetchall()
+    return rows[0][0] == len(BASE_RELATIONS)
+
+
+def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
+    """Create the base relations ``scored`` and ``option_probs`` (TEMP, so read-only stores work).
+
+    By default they are views, recomputed by every metric query: always current, right for a
+    connection that also writes. ``materialize=True`` computes them once into TEMP tables for the
+    rest of the connection, which is what a read-only pass over many metrics wants (the joins of
+    predictions to runs, items and options are most of each metric's cost). Once materialized,
+    later calls keep the tables.
+    """
+    if _materialized(con):
+        return
+    sql = (SQL_DIR / "base_views.sql").read_text(encoding="utf-8")
+    if materialize:
+        sql = sql.replace("CREATE OR REPLACE TEMP VIEW", "CREATE OR REPLACE TEMP TABLE")
+    con.execute(sql)
 
 
 def _check_by(by: Sequence[str]) -> list[str]:

@@ -1,7 +1,7 @@
 -- Views every metric builds on. Created as TEMP views, so they also work on read-only stores.
 
--- One row per prediction sample, with its run, item strata, the role of the parsed option and
--- whether it hit the target. Unparseable and error rows stay (correct = false, parsed_role NULL).
+-- One row per prediction sample (self-evaluation verdicts excluded), with its run, item strata,
+-- the role of the parsed option and whether it hit the target. Unparseable and error rows stay (correct = false, parsed_role NULL).
 CREATE OR REPLACE TEMP VIEW scored AS
 SELECT p.run_id, p.item_id, p.sample_index, p.parsed_label, p.parse_method, p.outcome, p.raw_output,
        p.token_logprob_sum, p.token_logprob_mean, p.token_logprob_min, p.n_output_tokens, p.latency_ms,
@@ -18,25 +18,39 @@ JOIN items i ON i.dataset_id = r.dataset_id AND i.config = r.config AND i.item_i
 JOIN options t ON t.dataset_id = r.dataset_id AND t.config = r.config AND t.item_id = p.item_id
               AND t.label = i.target_label
 LEFT JOIN options o ON o.dataset_id = r.dataset_id AND o.config = r.config AND o.item_id = p.item_id
-                   AND o.label = p.parsed_label;
+                   AND o.label = p.parsed_label
+-- self-evaluation runs hold verdicts on another run's answers, not answers: they have their own
+-- metric (self_eval_filtered_accuracy) and must not count as predictions anywhere else
+WHERE NOT starts_with(r.prompt_style, 'self_eval:');
 
 -- Option probabilities per sample: a softmax over the options that have a score. Options the
 -- backend did not score (outside its top-k) are absent, not imputed; `covered` says how many
--- of the item's options were scored.
+-- of the item's options were scored. The normaliser is summed in label order over a list, not by
+-- a parallel window sum, so every probability is the same double on every run: conformal sets and
+-- ties at thresholds depend on exact values, and a parallel sum's order (hence its last bit) varies.
 CREATE OR REPLACE TEMP VIEW option_probs AS
-WITH s AS (
-    SELECT os.run_id, os.item_id, os.sample_index, os.label, os.logprob,
-           max(os.logprob) OVER w AS mx
-    FROM option_scores os
-    WINDOW w AS (PARTITION BY os.run_id, os.item_id, os.sample_index)
+WITH g AS (
+    SELECT run_id, item_id, sample_index,
+           list(label ORDER BY label)   AS labels,
+           list(logprob ORDER BY label) AS lps,
+           max(logprob)                 AS mx
+    FROM option_scores
+    GROUP BY run_id, item_id, sample_index
+),
+w AS (
+    SELECT run_id, item_id, sample_index, labels, list_transform(lps, lambda x: exp(x - mx)) AS ws
+    FROM g
+),
+u AS (
+    SELECT run_id, item_id, sample_index, unnest(labels) AS label, unnest(ws) / list_sum(ws) AS prob,
+           len(labels) AS covered
+    FROM w
 )
-SELECT s.run_id, s.item_id, s.sample_index, s.label, o.option_id, o.role,
-       exp(s.logprob - s.mx) / sum(exp(s.logprob - s.mx)) OVER w2 AS prob,
-       count(*) OVER w2 AS covered, i.n_options,
-       s.label = i.target_label AS is_target
-FROM s
+SELECT u.run_id, u.item_id, u.sample_index, u.label, o.option_id, o.role, u.prob, u.covered,
+       i.n_options, u.label = i.target_label AS is_target
+FROM u
 JOIN runs r USING (run_id)
-JOIN items i ON i.dataset_id = r.dataset_id AND i.config = r.config AND i.item_id = s.item_id
-JOIN options o ON o.dataset_id = r.dataset_id AND o.config = r.config AND o.item_id = s.item_id
-              AND o.label = s.label
-WINDOW w2 AS (PARTITION BY s.run_id, s.item_id, s.sample_index);
+JOIN items i ON i.dataset_id = r.dataset_id AND i.config = r.config AND i.item_id = u.item_id
+JOIN options o ON o.dataset_id = r.dataset_id AND o.config = r.config AND o.item_id = u.item_id
+              AND o.label = u.label
+WHERE NOT starts_with(r.prompt_style, 'self_eval:');

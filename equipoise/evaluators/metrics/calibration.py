@@ -1,0 +1,188 @@
+"""Calibration, discrimination and selective-prediction metrics of a confidence score (seed 002
+sections 4.3 and 5.2: AUROC, ECE with 10 bins, Brier score; seed 004 sections 3.3-3.4).
+
+Every metric is SQL over the view ``cal_samples`` (``sql/cal_samples.sql``): one row per prediction
+sample of ``scored``, with
+
+- ``confidence`` (param ``confidence``):
+
+  - ``'chosen_prob'`` (default): the probability of the parsed option in ``option_probs`` (softmax over
+    the item's scored options), i.e. the model's probability for its own answer. With greedy decoding
+    and every option scored this is the maximum option probability;
+  - ``'target_prob'``: the probability of the target option;
+  - ``'token_mean'``: ``exp(token_logprob_mean)``, the geometric mean of the output tokens'
+    probabilities;
+
+- ``correct`` = ``scored.correct`` (the parsed label is the target label);
+- ``cal_status``: ``'unparsed'`` (no parsed option: unparseable output, error, or a label that is not
+  an option of the item; there is no prediction to judge), ``'no_confidence'`` (a parsed option but no
+  usable confidence: the option was not scored, no token log-probabilities, or a value NULL, NaN or
+  outside [0, 1]) or ``'used'``. The same rule holds for every choice of ``confidence`` (an
+  unparsed row is excluded even where a target probability exists), so the populations of all
+  confidences and metrics are comparable.
+
+Excluded rows are never dropped silently: every metric reports ``n_total``, ``n`` (used),
+``n_excluded`` and, where per group, ``n_unparsed`` and ``n_no_confidence``.
+
+Param ``samples``: ``'all'`` (default; every sample is one prediction) or ``'first'`` (sample 0 only,
+the greedy answer when the run decoded greedily). Param ``n_bins`` (default 10, seed 002 4.3 /
+seed 004 3.4 following Rivera et al.) for ``ece`` and ``reliability``.
+
+Metrics (definitions in each SQL file's header):
+
+- ``auroc``: rank-sum (Mann-Whitney) AUROC with average ranks for ties, correct = positive class;
+  NULL with one class.
+- ``ece``: equal-width bins over [0, 1]; bin b holds b/B <= c < (b+1)/B, the last bin is closed, so
+  confidence exactly 1.0 is in the last bin (seed 002's public code drops it) and 0.0 in the first;
+  ECE = sum_b (n_b / N) |acc_b - conf_b|; also MCE, accuracy, mean confidence.
+- ``reliability``: per-bin rows (bin, lower, upper, n, mean_confidence, accuracy, gap) for all B bins.
+- ``brier``: mean (confidence - 1[correct])^2.
+- ``brier_multiclass``: mean over fully scored samples of sum_o (p_o - 1[o = target])^2, with the
+  share of samples that are fully scored (``coverage``).
+- ``risk_coverage``: one step per distinct confidence (ties accepted together), accepting the
+  ``n_accepted`` rows with confidence >= the threshold: coverage = n_accepted / N, risk = their errors
+  / n_accepted.
+- ``aurc`` / ``prr``: discrete AURC = mean over k = 1..N of risk(k) (ties: expectation over a random
+  order inside the tie block), AURC_random = error rate (exact), AURC_oracle = (E - C (H_N - H_C)) / N,
+  PRR = (AURC_random - AURC) / (AURC_random - AURC_oracle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import duckdb
+import pandas as pd
+
+from equipoise.evaluators.metrics.registry import REGISTRY, SQL_DIR, Metric, register, render_sql
+
+_PROB_JOIN = (
+    "LEFT JOIN option_probs op ON op.run_id = sc.run_id AND op.item_id = sc.item_id "
+    "AND op.sample_index = sc.sample_index AND op.label = {label}"
+)
+# confidence name -> (join, expression)
+CONFIDENCES: dict[str, tuple[str, str]] = {
+    "chosen_prob": (_PROB_JOIN.format(label="sc.parsed_label"), "op.prob"),
+    "target_prob": (_PROB_JOIN.format(label="sc.target_label"), "op.prob"),
+    "token_mean": ("", "exp(sc.token_logprob_mean)"),
+}
+SAMPLES: dict[str, str] = {"all": "true", "first": "sc.sample_index = 0"}
+DEFAULT_PARAMS: dict[str, object] = {"confidence": "chosen_prob", "samples": "all", "n_bins": 10}
+
+
+def bin_sql(expr: str, n_bins: int) -> str:
+    """SQL for the 0-based bin of ``expr`` in ``n_bins`` equal-width bins over [0, 1].
+
+    Bin b is b/B <= c < (b+1)/B with the edges b/B as doubles (correctly rounded divisions), the last
+    bin closed (c = 1.0 -> B-1), c = 0.0 -> 0. ``floor(c * B)`` alone can be one off next to an edge
+    (c * B rounds), so it is corrected by one comparison with each neighbouring edge.
+    """
+    f = f"floor(({expr}) * {n_bins})::BIGINT"
+    return (
+        f"least({n_bins} - 1, greatest(0, {f} - (({expr}) < {f} / {n_bins})::INT "
+        f"+ (({expr}) >= ({f} + 1) / {n_bins})::INT))"
+    )
+
+
+def _params(params: dict) -> dict[str, object]:
+    p = {**DEFAULT_PARAMS, **params}
+    if p["confidence"] not in CONFIDENCES:
+        raise ValueError(f"confidence must be one of {sorted(CONFIDENCES)}, got {p['confidence']!r}")
+    if p["samples"] not in SAMPLES:
+        raise ValueError(f"samples must be one of {sorted(SAMPLES)}, got {p['samples']!r}")
+    n_bins = p["n_bins"]
+    if isinstance(n_bins, bool) or not isinstance(n_bins, int) or n_bins < 1:
+        raise ValueError(f"n_bins must be a positive integer, got {n_bins!r}")
+    return p
+
+
+def samples_sql(params: dict | None = None) -> str:
+    """The rendered ``CREATE TEMP VIEW cal_samples`` statement."""
+    p = _params(params or {})
+    join, expr = CONFIDENCES[str(p["confidence"])]
+    text = (SQL_DIR / "cal_samples.sql").read_text(encoding="utf-8")
+    return text.format(conf_join=join, conf_expr=expr, sample_filter=SAMPLES[str(p["samples"])])
+
+
+def prepare_samples(con: duckdb.DuckDBPyConnection, params: dict | None = None) -> None:
+    """Create the ``cal_samples`` view (the base views must exist: ``registry.prepare``)."""
+    con.execute(samples_sql(params))
+
+
+def _runner(
+    name: str, columns: Sequence[str] | None = None
+) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], pd.DataFrame]:
+    def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+        p = _params(params)
+        prepare_samples(con, p)
+        n_bins = int(p["n_bins"])  # type: ignore[call-overload]
+        sql = render_sql(REGISTRY[name], by, {**p, "bin_expr": bin_sql("confidence", n_bins)})
+        df = con.execute(sql).df()
+        if columns is not None:
+            df = df[[*by, *columns]]
+        return df
+
+    return run
+
+
+_NEEDS = ("predictions", "option_scores")
+_COUNTS = ("n_total", "n", "n_excluded", "n_unparsed", "n_no_confidence")
+
+
+def _metric(name: str, sql: str, description: str, columns: Sequence[str] | None = None) -> None:
+    register(
+        Metric(
+            name=name,
+            description=description,
+            sql=sql,
+            needs=_NEEDS,
+            default_by=("model",),
+            params=dict(DEFAULT_PARAMS),
+            compute_fn=_runner(name, columns),
+        )
+    )
+
+
+_metric(
+    "auroc",
+    "cal_auroc.sql",
+    "AUROC of the confidence for separating correct from incorrect predictions (rank-sum, average "
+    "ranks for ties; NULL with one class)",
+)
+_metric(
+    "ece",
+    "cal_ece.sql",
+    "expected calibration error over n_bins equal-width bins of [0, 1] (1.0 in the last bin), with MCE, "
+    "accuracy and mean confidence",
+)
+_metric(
+    "reliability",
+    "cal_reliability.sql",
+    "reliability-diagram rows: per bin lower, upper, n, mean confidence, accuracy, gap",
+)
+_metric("brier", "cal_brier.sql", "binary Brier score of the confidence against correctness")
+_metric(
+    "brier_multiclass",
+    "cal_brier_multiclass.sql",
+    "multi-class Brier score of the option softmax (sum over options), over samples with every option "
+    "scored; coverage = share of such samples",
+)
+_metric(
+    "risk_coverage",
+    "cal_risk_coverage.sql",
+    "risk-coverage curve: one step per distinct confidence, coverage = n_accepted/N, risk = error rate "
+    "of the accepted",
+)
+_metric(
+    "aurc",
+    "cal_selective.sql",
+    "area under the risk-coverage curve (mean of risk@k, ties averaged) with its random (error rate) "
+    "and oracle baselines and the excess AURC",
+    columns=(*_COUNTS, "n_errors", "error_rate", "aurc", "aurc_random", "aurc_oracle", "e_aurc"),
+)
+_metric(
+    "prr",
+    "cal_selective.sql",
+    "prediction-rejection ratio (AURC_random - AURC) / (AURC_random - AURC_oracle)",
+    columns=(*_COUNTS, "n_errors", "error_rate", "aurc", "aurc_random", "aurc_oracle", "prr"),
+)

@@ -1,0 +1,297 @@
+"""Split conformal prediction sets (seed 000 sections 3.2 / 4.3.1: LAC and APS, alpha 0.1, 30/70
+stratified calibration / test split; seed 002 appendix G: sampling-based sets from M samples).
+
+Everything is DuckDB SQL (``sql/conf_*.sql``); Python only validates parameters and pastes the SQL
+fragments together. Per group ({by}, default model x config):
+
+Units. ``conformal_lac`` / ``conformal_aps``: one unit per run x item, prediction sample
+``sample_index`` (default 0), with the softmax option probabilities of ``option_probs``. Items without
+option scores are not units; they are counted (``n_unscored``). Every option of the item is a
+candidate; an option the backend did not score gets p = 0 (``n_target_unscored`` counts units whose
+target is such an option). ``conformal_sampling``: one unit per run x pool of samples (``pool``:
+'item' = the item's samples 0..M-1, 'base' = all samples of the run's items sharing a base_id, i.e.
+option-shuffled copies of one question); options are matched by ``option_id`` (identity), never by
+letter.
+
+Nonconformity of option y:
+
+- LAC: s = 1 - p(y).
+- APS: s = sum of p over the options with p >= p(y) (ties included, as in seed 000's formula),
+  computed as 1 - (mass strictly below p(y)): equal in exact arithmetic since the softmax sums to 1,
+  and the least likely options (and unscored ones) then score exactly 1. With ``aps_randomized``
+  the option's own mass is multiplied by U: s = 1 - below - (1 - U) p(y), U ~ Uniform(0, 1) from
+  md5(seed, item_id, option_id), so the same item and option draw the same U in calibration and in
+  prediction (and in every repeat and model).
+- sampling: s = 1 - f(y), f(y) = (samples choosing option y) / M. M counts EVERY sample of the
+  pool, unparsed, refusal and error samples included: they choose no option and dilute every f.
+  Computed as (M - c) / M, one rounding of the exact rational (3 of 10 gives exactly the double 0.3,
+  where 1 - 7/10 would round twice and give 0.30000000000000004).
+
+Split (``repeats`` random splits, default 20): within each group and stratum (``stratify``, default
+``target_role``: gold vs abstain targets) the units are ordered by md5('<seed>:<repeat>:<unit key>')
+(unit key = item_id, or base_id for pool 'base'; ties by run_id) and the first
+round_half_up(cal_fraction * N) are calibration (default 0.3), the rest test. The same item is in the
+same part for every model of a repeat (paired comparisons).
+
+Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
+computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
+fraction it is nearest to, 0.1 -> 1/10, else its shortest decimal; a ``Fraction`` or "a/b" string is
+taken as is). If k > n (few calibration
+units) q_hat is undefined and every test set is the item's FULL option set. This is the split-conformal
+quantile; the seeds' code ``np.quantile(s, ceil((n+1)(1-alpha))/n, method="higher")`` returns the
+(k+1)-th order statistic instead (see ECOSYSTEM-NOTES "Conformal prediction").
+
+Prediction set of a test unit: the options with s <= q_hat (same randomisation rule for APS);
+coverage = target in set; sets may be empty (APS, or sampling when no option reaches the threshold).
+
+Output per group: mean over repeats (each repeat: mean over its test units) of set size and coverage,
+their sample standard deviations across repeats, q_hat mean / sd (over repeats with k <= n),
+``n_full_repeats`` (repeats with k > n), n_cal / n_test per repeat, k (column ``k_order``, so it
+never clashes with the stratum ``k``), empty-set rate.
+``conformal_sampling`` adds majority-vote accuracy (the most chosen option is the target; ties go to
+the smallest option_id; a pool where no sample chose an option has no vote and counts as wrong) and
+hit rate in seed 002 G.2's sense (at least one of the M samples chose the target), over all units and
+over the test units. ``conformal_coverage_by`` reports test coverage per value of another column
+(``coverage_by``) with thresholds still calibrated per group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+
+import duckdb
+import pandas as pd
+
+from equipoise.evaluators.metrics.registry import SQL_DIR, STRATA, Metric, _check_by, prepare, register
+
+# columns a split may be stratified by, or coverage reported by
+CONF_STRATA: tuple[str, ...] = (
+    *STRATA,
+    "target_role",
+    "has_gold",
+    "abstain_expected",
+    "task",
+    "target_label",
+)
+SCORES: tuple[str, ...] = ("lac", "aps", "sampling")
+_POOLS = {"item": "sc.item_id", "base": "sc.base_id"}
+_MAX_DEN = 10**6
+
+COMMON_PARAMS: dict[str, object] = {
+    "alpha": 0.1,
+    "cal_fraction": 0.3,
+    "repeats": 20,
+    "seed": 0,
+    "stratify": ("target_role",),
+    "sample_index": 0,
+}
+
+
+def as_fraction(value: object, name: str) -> Fraction:
+    """A probability in (0, 1) as an exact fraction, so that k and the split sizes are exact integers.
+
+    A ``Fraction`` or an "a/b" / decimal string is taken as is. A float is read as the simple fraction
+    it stands for when it is the double nearest one with denominator <= 10**6 (0.1 -> 1/10, 1/3 ->
+    1/3: floating point cannot write these exactly, and reading 0.3333333333333333 as a decimal would
+    move k at n = 2), otherwise as its shortest decimal repr (0.1234567 -> 1234567/10**7)."""
+    try:
+        if isinstance(value, Fraction):
+            frac = value
+        elif isinstance(value, str):
+            frac = Fraction(value)
+        elif isinstance(value, bool):
+            raise TypeError("a bool is not a probability")
+        else:
+            number = float(value)  # type: ignore[arg-type]
+            frac = Fraction(repr(number))
+            simple = frac.limit_denominator(_MAX_DEN)
+            if float(simple) == number:
+                frac = simple
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError) as exc:
+        raise ValueError(f"{name} must be a number strictly between 0 and 1, got {value!r}") from exc
+    if not 0 < frac < 1:
+        raise ValueError(f"{name} must lie strictly between 0 and 1, got {value!r}")
+    return frac
+
+
+def conformal_k(n: int, alpha: object) -> int:
+    """k = ceil((n + 1)(1 - alpha)) in integer arithmetic (the SQL uses the same formula)."""
+    a = as_fraction(alpha, "alpha")
+    return ((n + 1) * (a.denominator - a.numerator) + a.denominator - 1) // a.denominator
+
+
+def _int(params: dict, name: str, lo: int) -> int:
+    """An integer parameter; it is pasted into SQL, so anything but a plain integer is refused here
+    (a string such as '1; DROP TABLE runs' included), with the parameter's name in the message."""
+    value = params[name]
+    try:
+        ok = not isinstance(value, bool) and int(value) == value and int(value) >= lo  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return int(value)  # type: ignore[call-overload]
+
+
+def _column(value: object, name: str) -> str:
+    if value not in CONF_STRATA:
+        raise ValueError(f"{name}: unknown column {value!r}; allowed: {', '.join(CONF_STRATA)}")
+    return str(value)
+
+
+def _stratify(params: dict) -> list[str]:
+    cols = params["stratify"]
+    cols = [] if cols is None else [cols] if isinstance(cols, str) else list(cols)  # type: ignore[arg-type]
+    return [_column(c, "stratify") for c in cols]
+
+
+def _render(name: str, **values: object) -> str:
+    return (SQL_DIR / name).read_text(encoding="utf-8").format(**values)
+
+
+def _common(by: Sequence[str], params: dict) -> dict[str, object]:
+    """Template values shared by every fragment (all validated: nothing user-typed reaches SQL raw)."""
+    by = _check_by(by)
+    alpha = as_fraction(params["alpha"], "alpha")
+    cal = as_fraction(params["cal_fraction"], "cal_fraction")
+    strat = _stratify(params)
+    return {
+        "by": "".join(f"{c}, " for c in by),
+        "by_list": ", ".join(by) if by else "NULL",
+        "sc_by_list": ", ".join(f"sc.{c}" for c in by) if by else "NULL",
+        "gid_by": ", ".join(["gid", *by]),
+        "g_by": "".join(f"g.{c}, " for c in by),
+        "g_gid_by": ", ".join(["gid", *(f"g.{c}" for c in by)]),
+        "strat_list": ", ".join(f"sc.{c}" for c in strat) if strat else "NULL",
+        "alpha_num": alpha.numerator,
+        "alpha_den": alpha.denominator,
+        "alpha": repr(float(alpha)),
+        "cal_num": cal.numerator,
+        "cal_den": cal.denominator,
+        "repeats": _int(params, "repeats", 1),
+        "seed": _int(params, "seed", 0),
+        "sample_index": _int(params, "sample_index", 0),
+    }
+
+
+def _score_expr(score: str, params: dict) -> str:
+    if score == "lac":
+        return "1.0 - p"
+    if score == "aps":
+        return "1.0 - mass_below - (1.0 - u) * p" if params.get("aps_randomized") else "1.0 - mass_below"
+    raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+
+
+def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
+    cov_expr = f"sc.{cov}" if cov else "NULL"
+    if score == "sampling":
+        pool = params.get("pool", "item")
+        if pool not in _POOLS:
+            raise ValueError(f"pool must be one of {sorted(_POOLS)}, got {pool!r}")
+        return _render("conf_sampling_units.sql", pool_col=_POOLS[str(pool)], cov_expr=cov_expr, **values)
+    return _render(
+        "conf_option_units.sql", score_expr=_score_expr(score, params), cov_expr=cov_expr, **values
+    )
+
+
+def conformal_sql(score: str, by: Sequence[str], params: dict) -> str:
+    """The rendered query of conformal_lac / conformal_aps / conformal_sampling."""
+    values = _common(by, params)
+    summary = "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
+    return (
+        "WITH "
+        + _units_sql(score, values, params, None)
+        + ",\n"
+        + _render("conf_split.sql", **values)
+        + ",\n"
+        + _render(summary, **values)
+    )
+
+
+def coverage_by_sql(by: Sequence[str], params: dict) -> str:
+    score = params["score"]
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    cov = _column(params["coverage_by"], "coverage_by")
+    if cov in by:
+        raise ValueError(f"coverage_by {cov!r} is already a grouping column")
+    values = _common(by, params)
+    source = "samp" if score == "sampling" else "base"
+    return (
+        "WITH "
+        + _units_sql(str(score), values, params, cov)
+        + ",\n"
+        + _render("conf_split.sql", **values)
+        + ",\n"
+        + _render("conf_coverage_by.sql", group_source=source, cov_name=cov, **values)
+    )
+
+
+def _runner(score: str):
+    def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+        prepare(con)
+        return con.execute(conformal_sql(score, by, params)).df()
+
+    return run
+
+
+def _coverage_by(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    prepare(con)
+    return con.execute(coverage_by_sql(by, params)).df()
+
+
+register(
+    Metric(
+        name="conformal_lac",
+        description="split conformal prediction with LAC scores (1 - p(target)) over option probabilities: "
+        "mean / sd over repeated stratified calibration-test splits of set size and coverage, q_hat",
+        sql="conf_option_units.sql",
+        needs=("predictions", "option_scores"),
+        default_by=("model", "config"),
+        params=dict(COMMON_PARAMS),
+        compute_fn=_runner("lac"),
+    )
+)
+register(
+    Metric(
+        name="conformal_aps",
+        description="split conformal prediction with APS scores (probability mass of the options at "
+        "least as likely as the target; optional seeded randomisation): set size, coverage, q_hat",
+        sql="conf_option_units.sql",
+        needs=("predictions", "option_scores"),
+        default_by=("model", "config"),
+        params={**COMMON_PARAMS, "aps_randomized": False},
+        compute_fn=_runner("aps"),
+    )
+)
+register(
+    Metric(
+        name="conformal_sampling",
+        description="sampling-based conformal sets (1 - share of the M samples choosing the option): "
+        "set size, coverage, q_hat, majority-vote accuracy and hit rate",
+        sql="conf_sampling_units.sql",
+        needs=("predictions",),
+        default_by=("model", "config"),
+        params={**COMMON_PARAMS, "pool": "item"},
+        compute_fn=_runner("sampling"),
+    )
+)
+register(
+    Metric(
+        name="conformal_coverage_by",
+        description="test coverage and set size of the conformal sets (thresholds calibrated per group) "
+        "per value of another column",
+        sql="conf_coverage_by.sql",
+        needs=("predictions", "option_scores"),
+        default_by=("model", "config"),
+        params={
+            **COMMON_PARAMS,
+            "score": "lac",
+            "coverage_by": "specialty",
+            "aps_randomized": False,
+            "pool": "item",
+        },
+        compute_fn=_coverage_by,
+    )
+)

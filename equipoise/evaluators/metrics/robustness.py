@@ -1,0 +1,337 @@
+"""Robustness metrics: flips between a base and a perturbed variant, McNemar, paired bootstrap of the
+uncertainty change, and percentile bootstrap CIs for accuracy (seed 004 sections 3.4, 3.5 and 5).
+
+Pairs (``rob_pairs.sql``, TEMP views rebuilt on every call): a base item of variant ``base_variant``
+(default 'original') and a perturbed item of variant ``perturbed_variant`` (default 'plus_nota';
+e.g. 'minus_correct_plus_nota', or MedAbstain 'NA' vs 'NAP') with the same ``base_id``, in runs that
+share dataset_id, model, backend, prompt_style and decoding settings, sample ``sample_index`` (default
+0, the greedy sample) of each. "Correct" is the parsed option being the item's target, so under
+-correct+nota choosing NOTA is correct (seed 004 5.2: it is the target there). Unparsed samples are
+wrong and counted. Strata for grouping are the base side's; default grouping model x prompt_style.
+
+Baseline uncertainty (param ``uncertainty``): ``option_prob`` (default) = 1 - p(chosen option), p the
+softmax over the scored options (``option_probs``; NULL when no option was chosen or it was not
+scored); ``token_mean`` = -token_logprob_mean, the average token NLL (ANLL). Pairs whose uncertainty is
+NULL are counted (``n_with_uncertainty`` / ``n_missing``) and left out of uncertainty means.
+
+- ``flip_analysis`` (``rob_flip.sql``): per group and category (stable_correct, correct_to_wrong,
+  wrong_to_correct, stable_wrong; all four always present): n, share of pairs, mean baseline
+  uncertainty, the mean of its pool (initially correct for the first two, initially wrong for the
+  last two) and ``relative_uncertainty = (mean_subset - mean_pool) / mean_pool`` (seed 004 Table 3).
+- ``mcnemar`` (``rob_mcnemar.sql``): b = correct->wrong, c = wrong->correct. Rule: when b + c <
+  ``exact_below`` (default 25) the exact binomial test, statistic min(b, c), p = min(1, 2 *
+  BinomCDF(min(b, c); b + c, 1/2)); otherwise chi-square with continuity correction, statistic
+  (|b - c| - 1)^2 / (b + c), 1 degree of freedom (Edwards' formula as statsmodels writes it). With b +
+  c = 0 the exact p is 1. ``significant`` = p <= ``alpha`` (0.05). Base samples with no perturbed
+  partner cannot be paired; they are counted in ``n_base_unpaired`` rather than dropped silently.
+- ``paired_bootstrap_uncertainty`` (``rob_paired_diffs.sql``): d_i = perturbed - base uncertainty over
+  pairs with both defined; ``mean_diff`` = mean(d); ``n_boot`` (2000) resamples of the d vector with
+  replacement, each replicate's mean; 100(1 - ``alpha``)% percentile CI (numpy linear-interpolation
+  percentiles); ``p_value`` = min(1, 2 min(share of replicate means <= 0, share >= 0)).
+- ``bootstrap_ci`` (``rob_item_accuracy.sql``): accuracy per group (any data, all samples, unparsed =
+  wrong) with a percentile bootstrap CI that resamples items (a (run, item) with all its samples):
+  replicate accuracy = sum of resampled correct counts / sum of resampled sample counts.
+
+Bootstraps are seeded (param ``seed``, a non-negative integer, default 0) per group, so a group's
+interval does not depend on which other groups exist or how the rows are grouped around it. The
+stream, written out so that anyone can reproduce it: the group's key values (in ``by`` order; NULL as
+the empty string, integral floats as integers, e.g. ``k`` 3.0 -> '3') are joined with the unit
+separator '\\x1f', hashed with SHA-256, and the first 8 bytes read as a little-endian unsigned integer
+``h``; the generator is ``numpy.random.default_rng([seed, h])``. Replicate r takes the n indices
+``floor(u * n)`` from the next n uniforms ``u`` of ``rng.random`` (row-major: all of replicate 0,
+then replicate 1, ...). Replicates are drawn in blocks to bound memory; the stream is the same
+whatever the block size. The SQL does the pairing and aggregation; Python only resamples the small
+per-group vectors that SQL returns.
+
+Parameters are checked before any SQL runs: unknown names, out-of-range or non-integral numbers and
+variant names outside ``[A-Za-z0-9_.:+-]`` raise ``ValueError``; nothing a caller passes is pasted
+into SQL unchecked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator, Sequence
+
+import duckdb
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from equipoise.evaluators.metrics.registry import REGISTRY, SQL_DIR, Metric, register, render_sql
+
+DEFAULT_BY: tuple[str, ...] = ("model", "prompt_style")
+UNCERTAINTY: dict[str, tuple[str, str]] = {
+    "option_prob": ("1 - op.prob", "1 - p(chosen option) over the scored options"),
+    "token_mean": ("-s.token_logprob_mean", "-token_logprob_mean (average token NLL)"),
+}
+_VARIANT_RE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
+_BLOCK_CELLS = 4_000_000  # uniforms drawn per block of replicates
+
+
+# ---------------------------------------------------------------------------------------------
+# parameters and the pairs view
+# ---------------------------------------------------------------------------------------------
+def _check_names(metric: str, params: dict) -> None:
+    """Unknown parameter names are an error: a typo (``n_boots``) must not silently fall back to a
+    default and produce a plausible but different result."""
+    unknown = sorted(set(params) - set(REGISTRY[metric].params))
+    if unknown:
+        raise ValueError(
+            f"{metric}: unknown parameter(s) {unknown}; known: {', '.join(sorted(REGISTRY[metric].params))}"
+        )
+
+
+def _int_param(params: dict, name: str, default: int, minimum: int) -> int:
+    """An integer parameter; accepts ints, integral floats and decimal strings (as a command line
+    gives them), never truncates (2.5 is an error, not 2) and never accepts booleans."""
+    v = params.get(name, default)
+    if isinstance(v, bool):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    if isinstance(v, (int, np.integer)) or (isinstance(v, (float, np.floating)) and float(v).is_integer()):
+        out = int(v)
+    elif isinstance(v, str) and re.fullmatch(r"[+-]?[0-9]+", v.strip()):
+        out = int(v.strip())
+    else:
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    if out < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {out}")
+    return out
+
+
+def _variant(params: dict, name: str) -> str:
+    v = params[name]
+    if not isinstance(v, str) or not _VARIANT_RE.match(v):
+        raise ValueError(f"{name} must be a variant name of letters, digits and _.:+- only, got {v!r}")
+    return v
+
+
+def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict) -> None:
+    kind = params.get("uncertainty", "option_prob")
+    if not isinstance(kind, str) or kind not in UNCERTAINTY:
+        raise ValueError(f"unknown uncertainty {kind!r}; known: {', '.join(UNCERTAINTY)}")
+    sample_index = _int_param(params, "sample_index", 0, 0)
+    base, perturbed = _variant(params, "base_variant"), _variant(params, "perturbed_variant")
+    if base == perturbed:
+        raise ValueError(f"base_variant and perturbed_variant are both {base!r}")
+    expr, doc = UNCERTAINTY[kind]
+    text = (SQL_DIR / "rob_pairs.sql").read_text(encoding="utf-8")
+    con.execute(
+        text.format(
+            base_variant=base,
+            perturbed_variant=perturbed,
+            sample_index=sample_index,
+            uncertainty_expr=expr,
+            uncertainty_doc=doc,
+        )
+    )
+
+
+def _alpha(params: dict) -> float:
+    v = params.get("alpha", 0.05)
+    try:
+        alpha = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"alpha must be a number in (0, 1), got {v!r}") from None
+    if isinstance(v, bool) or not 0 < alpha < 1:
+        raise ValueError(f"alpha must be a number in (0, 1), got {v!r}")
+    return alpha
+
+
+def _n_boot(params: dict) -> int:
+    return _int_param(params, "n_boot", 2000, 1)
+
+
+def _seed(params: dict) -> int:
+    return _int_param(params, "seed", 0, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# seeded resampling
+# ---------------------------------------------------------------------------------------------
+def _key_part(v: object) -> str:
+    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
+        return ""
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def group_rng(seed: int, key: Sequence[object]) -> np.random.Generator:
+    """The generator for one group: seeded by ``seed`` and a hash of the group's key values."""
+    text = "\x1f".join(_key_part(v) for v in key)
+    h = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+    return np.random.default_rng([int(seed), h])
+
+
+def resample_indices(rng: np.random.Generator, n: int, n_boot: int) -> Iterator[np.ndarray]:
+    """Blocks of bootstrap index rows (replicates x n), floor(u * n) with u ~ U[0, 1)."""
+    block = max(1, _BLOCK_CELLS // max(n, 1))
+    done = 0
+    while done < n_boot:
+        b = min(block, n_boot - done)
+        yield (rng.random((b, n)) * n).astype(np.int64)
+        done += b
+
+
+def percentile_ci(reps: np.ndarray, alpha: float) -> tuple[float, float]:
+    """Equal-tailed percentile interval (numpy's default linear interpolation between order stats)."""
+    lo, hi = np.percentile(reps, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return float(lo), float(hi)
+
+
+def bootstrap_means(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Replicate means of ``x`` resampled with replacement (vectorised per block)."""
+    return np.concatenate([x[idx].mean(axis=1) for idx in resample_indices(rng, len(x), n_boot)])
+
+
+def bootstrap_ratio(c: np.ndarray, m: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Replicate values of sum(c) / sum(m) with the (c, m) pairs resampled together."""
+    return np.concatenate(
+        [c[idx].sum(axis=1) / m[idx].sum(axis=1) for idx in resample_indices(rng, len(c), n_boot)]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics
+# ---------------------------------------------------------------------------------------------
+def _flip(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    _check_names("flip_analysis", params)
+    _pairs_view(con, params)
+    return con.execute(render_sql(REGISTRY["flip_analysis"], by, params)).df().drop(columns="ord")
+
+
+def mcnemar_test(b: int, c: int, exact_below: int = 25) -> tuple[str, float, float]:
+    """(method, statistic, p) for discordant counts b, c, by the rule in the module docstring."""
+    if b < 0 or c < 0 or exact_below < 1:
+        raise ValueError(f"need b, c >= 0 and exact_below >= 1, got b={b}, c={c}, exact_below={exact_below}")
+    n = b + c
+    if n < exact_below:
+        stat = min(b, c)
+        p = 1.0 if n == 0 else min(1.0, 2.0 * float(stats.binom.cdf(stat, n, 0.5)))
+        return "exact", float(stat), p
+    stat = (abs(b - c) - 1) ** 2 / n
+    return "chi2", float(stat), float(stats.chi2.sf(stat, 1))
+
+
+def _mcnemar(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    _check_names("mcnemar", params)
+    alpha, exact_below = _alpha(params), _int_param(params, "exact_below", 25, 1)
+    _pairs_view(con, params)
+    df = con.execute(render_sql(REGISTRY["mcnemar"], by, params)).df()
+    tests = [
+        mcnemar_test(int(b), int(c), exact_below)
+        for b, c in zip(df.n_correct_to_wrong, df.n_wrong_to_correct, strict=True)
+    ]
+    df["n_discordant"] = df.n_correct_to_wrong + df.n_wrong_to_correct
+    df["method"] = [t[0] for t in tests]
+    df["statistic"] = [t[1] for t in tests]
+    df["p_value"] = [t[2] for t in tests]
+    df["significant"] = df.p_value <= alpha
+    return df
+
+
+def _paired_bootstrap(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    _check_names("paired_bootstrap_uncertainty", params)
+    alpha, n_boot, seed = _alpha(params), _n_boot(params), _seed(params)
+    _pairs_view(con, params)
+    df = con.execute(render_sql(REGISTRY["paired_bootstrap_uncertainty"], by, params)).df()
+    rows = []
+    for key, diffs in zip(df[list(by)].itertuples(index=False), df.diffs, strict=True):
+        d = np.asarray(diffs, dtype=float)
+        if len(d) == 0:
+            rows.append((0, np.nan, np.nan, np.nan, np.nan))
+            continue
+        reps = bootstrap_means(d, n_boot, group_rng(seed, tuple(key)))
+        lo, hi = percentile_ci(reps, alpha)
+        p = min(1.0, 2.0 * min(float(np.mean(reps <= 0)), float(np.mean(reps >= 0))))
+        rows.append((len(d), float(d.mean()), lo, hi, p))
+    out = df.drop(columns="diffs")
+    out["n_used"] = [r[0] for r in rows]
+    out["mean_diff"] = [r[1] for r in rows]
+    out["ci_low"] = [r[2] for r in rows]
+    out["ci_high"] = [r[3] for r in rows]
+    out["p_value"] = [r[4] for r in rows]
+    out["significant"] = (out.p_value <= alpha).where(out.p_value.notna())
+    out["n_boot"] = n_boot
+    out["seed"] = seed
+    out["alpha"] = alpha
+    return out
+
+
+def _bootstrap_ci(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    _check_names("bootstrap_ci", params)
+    alpha, n_boot, seed = _alpha(params), _n_boot(params), _seed(params)
+    df = con.execute(render_sql(REGISTRY["bootstrap_ci"], by, params)).df()
+    lows, highs = [], []
+    for key, c, m in zip(df[list(by)].itertuples(index=False), df.c, df.m, strict=True):
+        if not isinstance(c, (list, np.ndarray)) or len(c) == 0:  # by=[] and no predictions: one NULL row
+            lows.append(np.nan)
+            highs.append(np.nan)
+            continue
+        reps = bootstrap_ratio(
+            np.asarray(c, dtype=float), np.asarray(m, dtype=float), n_boot, group_rng(seed, tuple(key))
+        )
+        lo, hi = percentile_ci(reps, alpha)
+        lows.append(lo)
+        highs.append(hi)
+    out = df.drop(columns=["c", "m"])
+    out["ci_low"] = lows
+    out["ci_high"] = highs
+    out["n_boot"] = n_boot
+    out["seed"] = seed
+    out["alpha"] = alpha
+    return out
+
+
+_PAIR_PARAMS = {
+    "base_variant": "original",
+    "perturbed_variant": "plus_nota",
+    "sample_index": 0,
+    "uncertainty": "option_prob",
+}
+
+register(
+    Metric(
+        name="flip_analysis",
+        description="stable / flipped categories between a base and a perturbed variant with the "
+        "relative baseline uncertainty of each category (seed 004 5.2, Table 3)",
+        sql="rob_flip.sql",
+        default_by=DEFAULT_BY,
+        params=dict(_PAIR_PARAMS),
+        compute_fn=_flip,
+    )
+)
+register(
+    Metric(
+        name="mcnemar",
+        description="McNemar test of the accuracy change from base to perturbed variant (exact binomial "
+        "below 25 discordant pairs, else chi-square with continuity correction; seed 004 3.4)",
+        sql="rob_mcnemar.sql",
+        default_by=DEFAULT_BY,
+        params={**_PAIR_PARAMS, "alpha": 0.05, "exact_below": 25},
+        compute_fn=_mcnemar,
+    )
+)
+register(
+    Metric(
+        name="paired_bootstrap_uncertainty",
+        description="paired bootstrap of the mean uncertainty change perturbed - base, percentile CI "
+        "and two-sided p (seed 004 3.4)",
+        sql="rob_paired_diffs.sql",
+        default_by=DEFAULT_BY,
+        params={**_PAIR_PARAMS, "alpha": 0.05, "n_boot": 2000, "seed": 0},
+        compute_fn=_paired_bootstrap,
+    )
+)
+register(
+    Metric(
+        name="bootstrap_ci",
+        description="accuracy with a seeded percentile bootstrap CI resampling items",
+        sql="rob_item_accuracy.sql",
+        default_by=("model",),
+        params={"alpha": 0.05, "n_boot": 2000, "seed": 0},
+        compute_fn=_bootstrap_ci,
+    )
+)

@@ -1,0 +1,32 @@
+-- Multi-class Brier score of the softmax over the item's options (option_probs): per sample
+-- sum_o (p_o - 1[o is the target])^2 (range [0, 2]), averaged over the samples whose option scores
+-- cover every option of the item (covered = n_options). The forecast is the distribution, not the
+-- parsed letter, so a fully scored sample counts whatever its parse (n_used_unparsed says how many
+-- such samples were used). Samples with some but not all options scored (n_partial) or none
+-- (n_unscored) are excluded and counted; coverage = n / n_total.
+WITH per AS (
+    SELECT run_id, item_id, sample_index,
+           count(*)                                  AS n_scored,
+           sum((prob - is_target::DOUBLE) ^ 2)       AS bs
+    FROM option_probs
+    GROUP BY run_id, item_id, sample_index
+),
+s AS (
+    SELECT cs.*, per.n_scored, per.bs,
+           coalesce(per.n_scored = cs.n_options, false) AS full_cover
+    FROM cal_samples cs
+    LEFT JOIN per ON per.run_id = cs.run_id AND per.item_id = cs.item_id
+                 AND per.sample_index = cs.sample_index
+)
+SELECT {by}
+       count(*)                                                        AS n_total,
+       count(*) FILTER (WHERE full_cover)                              AS n,
+       count(*) FILTER (WHERE NOT full_cover)                          AS n_excluded,
+       count(*) FILTER (WHERE NOT full_cover AND n_scored > 0)         AS n_partial,
+       count(*) FILTER (WHERE n_scored IS NULL)                        AS n_unscored,
+       count(*) FILTER (WHERE full_cover AND parsed_option_id IS NULL) AS n_used_unparsed,
+       count(*) FILTER (WHERE full_cover) / count(*)                   AS coverage,
+       avg(bs) FILTER (WHERE full_cover)                               AS brier_multiclass
+FROM s
+{group_by}
+ORDER BY ALL

@@ -1,0 +1,38 @@
+-- Expected calibration error with {n_bins} equal-width bins over [0, 1]. Bin b (0-based) holds the
+-- used rows with b/{n_bins} <= confidence < (b+1)/{n_bins}; the last bin is closed, so confidence 1.0
+-- is counted in it and 0.0 in the first (exact at the edges: see bin_sql in calibration.py).
+-- ECE = sum_b (n_b / N) |acc_b - conf_b| over the non-empty bins, N = used rows;
+-- MCE = max_b |acc_b - conf_b|. Excluded rows are counted, never binned.
+WITH b AS (
+    SELECT *, CASE WHEN used THEN {bin_expr} END AS bin
+    FROM cal_samples
+),
+per_bin AS (
+    SELECT {by} bin,
+           count(*)                                               AS n_b,
+           count(*) FILTER (WHERE cal_status = 'unparsed')        AS n_unparsed,
+           count(*) FILTER (WHERE cal_status = 'no_confidence')   AS n_no_confidence,
+           avg(confidence)                                        AS conf_b,
+           avg(correct::DOUBLE)                                   AS acc_b,
+           sum(confidence)                                        AS conf_sum,
+           sum(correct::DOUBLE)                                   AS correct_sum
+    FROM b
+    GROUP BY {by} bin
+)
+SELECT {by}
+       sum(n_b)::BIGINT                                                   AS n_total,
+       coalesce(sum(n_b) FILTER (WHERE bin IS NOT NULL), 0)::BIGINT       AS n,
+       coalesce(sum(n_b) FILTER (WHERE bin IS NULL), 0)::BIGINT           AS n_excluded,
+       sum(n_unparsed)::BIGINT                                            AS n_unparsed,
+       sum(n_no_confidence)::BIGINT                                       AS n_no_confidence,
+       count(*) FILTER (WHERE bin IS NOT NULL)                            AS n_nonempty_bins,
+       sum(correct_sum) FILTER (WHERE bin IS NOT NULL)
+         / sum(n_b) FILTER (WHERE bin IS NOT NULL)                        AS accuracy,
+       sum(conf_sum) FILTER (WHERE bin IS NOT NULL)
+         / sum(n_b) FILTER (WHERE bin IS NOT NULL)                        AS mean_confidence,
+       sum(n_b * abs(acc_b - conf_b)) FILTER (WHERE bin IS NOT NULL)
+         / sum(n_b) FILTER (WHERE bin IS NOT NULL)                        AS ece,
+       max(abs(acc_b - conf_b)) FILTER (WHERE bin IS NOT NULL)            AS mce
+FROM per_bin
+{group_by}
+ORDER BY ALL

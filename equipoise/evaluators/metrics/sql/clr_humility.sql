@@ -1,0 +1,60 @@
+-- CLEAR humility deficit (seed 001 Methods "Perturbation and Evaluation protocol", Fig. 3, Supp.
+-- Fig. S4): accuracy on k{{k}}_gold minus the abstention rate on k{{k}}_{{na|idk|ina}} (gold replaced by
+-- that abstain option, which is the target). Pairing is per question: each abstention item (one per
+-- run) is paired with the k{{k}}_gold item of the same base_id, pooled over every gold run with the
+-- same dataset, model, backend, prompt_style and decoding (pooling first means a second gold run, e.g.
+-- another template of the same style, can never duplicate a pair). An item's value is the mean over
+-- its samples; rates are means over the pairs. Strata ({{by}}) come from the abstention-side item.
+-- Abstention items without a gold partner are counted in n_unpaired and left out of every rate.
+-- Unparsed samples (no valid option: unparseable, error, free-text refusal, unknown letter) count as
+-- neither target nor distractor and are reported per side.
+WITH c AS (
+    SELECT s.*, r.decoding_json,
+           regexp_extract(s.variant, '^k([0-9]+)_', 1)       AS clr_k,
+           regexp_extract(s.variant, '^k[0-9]+_(.+)$', 1)    AS clr_task
+    FROM scored s
+    JOIN runs r USING (run_id)
+    WHERE s.task = 'mcq' AND s.suite = 'clear' AND NOT starts_with(s.prompt_style, 'self_eval:')
+),
+gold AS (
+    SELECT dataset_id, model, backend, prompt_style, decoding_json, base_id, clr_k,
+           avg(correct::INT)                                              AS gold_p_target,
+           avg((parsed_role IS NULL)::INT)                                AS gold_p_unparsed
+    FROM c
+    WHERE clr_task = 'gold'
+    GROUP BY ALL
+),
+per_item AS (
+    SELECT run_id, item_id, base_id, dataset_id, decoding_json, clr_k, clr_task,
+           model, backend, prompt_style, suite, variant, config, k, framing, system_id, criterion_id,
+           condition, specialty, question_type, imaging_modality, difficulty,
+           avg(correct::INT)                                              AS p_target,
+           avg(coalesce(parsed_role = 'distractor', false)::INT)          AS p_distractor,
+           avg((parsed_role IS NULL)::INT)                                AS p_unparsed
+    FROM c
+    WHERE clr_task IN ('na', 'idk', 'ina')
+    GROUP BY ALL
+),
+pairs AS (
+    SELECT a.*, g.gold_p_target, g.gold_p_unparsed
+    FROM per_item a
+    LEFT JOIN gold g
+           ON g.dataset_id = a.dataset_id AND g.model = a.model AND g.backend = a.backend
+          AND g.prompt_style = a.prompt_style AND g.decoding_json = a.decoding_json
+          AND g.base_id = a.base_id AND g.clr_k = a.clr_k
+)
+SELECT {by}
+       CAST(clr_k AS INTEGER)                                             AS k,
+       upper(clr_task)                                                    AS framing,
+       count(gold_p_target)                                               AS n_pairs,
+       count(*) - count(gold_p_target)                                    AS n_unpaired,
+       avg(gold_p_target)                                                 AS accuracy,
+       avg(p_target) FILTER (WHERE gold_p_target IS NOT NULL)             AS abstention_rate,
+       avg(gold_p_target) - avg(p_target) FILTER (WHERE gold_p_target IS NOT NULL)
+                                                                          AS humility_deficit,
+       avg(p_distractor) FILTER (WHERE gold_p_target IS NOT NULL)         AS incorrect_selection_rate,
+       avg(gold_p_unparsed)                                               AS unparsed_rate_gold,
+       avg(p_unparsed) FILTER (WHERE gold_p_target IS NOT NULL)           AS unparsed_rate_abstain
+FROM pairs
+GROUP BY ALL
+ORDER BY ALL

@@ -1,0 +1,83 @@
+-- CLEAR IDK shift (seed 001 Fig. 5, Supp. Fig. S6): how selections move when a second abstain
+-- option is added to an answer space whose gold was replaced by NA: k{{k}}_na ("before") vs
+-- k{{k}}_na_idk or k{{k}}_na_ina ("after"; NA stays the target). Rates per side: P(distractor),
+-- P(NA), P(second framing: IDK or INA; structurally 0 before, where it is not offered) and
+-- P(unparsed); the four add up to 1 on each side. Pairing is per question: each after item (one per
+-- run) is paired with the k{{k}}_na item of the same base_id, pooled over every k{{k}}_na run with the
+-- same dataset, model, backend, prompt_style and decoding (pooled first, so a second before-run can
+-- never duplicate a pair). An item's rate is the mean over its samples; rates are means over the
+-- pairs. Strata ({{by}}) come from the after item (its framing column reads e.g. 'IDK+NA'; the added
+-- option is added_framing). After items without a before partner are counted in n_unpaired only.
+WITH c AS (
+    SELECT s.*, r.decoding_json,
+           regexp_extract(s.variant, '^k([0-9]+)_', 1)       AS clr_k,
+           regexp_extract(s.variant, '^k[0-9]+_(.+)$', 1)    AS clr_task,
+           coalesce(s.parsed_role = 'distractor', false)::INT                        AS sel_distractor,
+           coalesce(s.parsed_role = 'abstain' AND s.parsed_framing = 'NA', false)::INT  AS sel_na,
+           coalesce(s.parsed_role = 'abstain' AND s.parsed_framing = 'IDK', false)::INT AS sel_idk,
+           coalesce(s.parsed_role = 'abstain' AND s.parsed_framing = 'INA', false)::INT AS sel_ina,
+           (s.parsed_role IS NULL)::INT                                              AS sel_unparsed
+    FROM scored s
+    JOIN runs r USING (run_id)
+    WHERE s.task = 'mcq' AND s.suite = 'clear' AND NOT starts_with(s.prompt_style, 'self_eval:')
+),
+before AS (
+    SELECT dataset_id, model, backend, prompt_style, decoding_json, base_id, clr_k,
+           avg(sel_distractor) AS b_distractor,
+           avg(sel_na)         AS b_na,
+           avg(sel_idk)        AS b_idk,
+           avg(sel_ina)        AS b_ina,
+           avg(sel_unparsed)   AS b_unparsed
+    FROM c
+    WHERE clr_task = 'na'
+    GROUP BY ALL
+),
+per_item AS (
+    SELECT run_id, item_id, base_id, dataset_id, decoding_json, clr_k, clr_task,
+           model, backend, prompt_style, suite, variant, config, k, framing, system_id, criterion_id,
+           condition, specialty, question_type, imaging_modality, difficulty,
+           avg(sel_distractor)                                               AS p_distractor,
+           avg(sel_na)                                                       AS p_na,
+           avg(CASE WHEN clr_task = 'na_idk' THEN sel_idk ELSE sel_ina END)  AS p_second,
+           avg(sel_unparsed)                                                 AS p_unparsed
+    FROM c
+    WHERE clr_task IN ('na_idk', 'na_ina')
+    GROUP BY ALL
+),
+pairs AS (
+    SELECT a.*,
+           upper(substr(a.clr_task, 4))                                      AS added,
+           b.b_distractor,
+           b.b_na,
+           CASE WHEN a.clr_task = 'na_idk' THEN b.b_idk ELSE b.b_ina END      AS b_second,
+           b.b_unparsed
+    FROM per_item a
+    LEFT JOIN before b
+           ON b.dataset_id = a.dataset_id AND b.model = a.model AND b.backend = a.backend
+          AND b.prompt_style = a.prompt_style AND b.decoding_json = a.decoding_json
+          AND b.base_id = a.base_id AND b.clr_k = a.clr_k
+),
+agg AS (
+    SELECT {by}
+           CAST(clr_k AS INTEGER)                                            AS k,
+           added                                                             AS added_framing,
+           count(b_na)                                                       AS n_pairs,
+           count(*) - count(b_na)                                            AS n_unpaired,
+           avg(b_distractor)                                                 AS p_distractor_before,
+           avg(b_na)                                                         AS p_na_before,
+           avg(b_second)                                                     AS p_second_before,
+           avg(b_unparsed)                                                   AS p_unparsed_before,
+           avg(p_distractor) FILTER (WHERE b_na IS NOT NULL)                 AS p_distractor_after,
+           avg(p_na) FILTER (WHERE b_na IS NOT NULL)                         AS p_na_after,
+           avg(p_second) FILTER (WHERE b_na IS NOT NULL)                     AS p_second_after,
+           avg(p_unparsed) FILTER (WHERE b_na IS NOT NULL)                   AS p_unparsed_after
+    FROM pairs
+    GROUP BY ALL
+)
+SELECT *,
+       p_distractor_after - p_distractor_before AS delta_distractor,
+       p_na_after - p_na_before                 AS delta_na,
+       p_second_after - p_second_before         AS delta_second,
+       p_unparsed_after - p_unparsed_before     AS delta_unparsed
+FROM agg
+ORDER BY ALL

@@ -1,0 +1,53 @@
+-- Paired predictions for the robustness metrics (seed 004 3.4-3.5, 5): a base item (variant
+-- '{base_variant}') and a perturbed item (variant '{perturbed_variant}') with the same base_id, in runs
+-- sharing dataset_id, model, backend, prompt_style and decoding; one sample of each (sample_index
+-- {sample_index}). Correct means the parsed option is the item's target, so under -correct+nota choosing
+-- NOTA is correct (it is the target there); unparsed samples are wrong and flagged. Uncertainty of a
+-- sample: {uncertainty_doc}. Strata come from the base side (run_id = the base run). Self-evaluation
+-- runs (prompt_style 'self_eval:...') are excluded. When several perturbed items share a base_id
+-- (e.g. shuffled permutations) every (base, perturbed) pair is a row.
+-- Three TEMP views: rob_samples (both variants' samples with their uncertainty), rob_pairs (the
+-- pairs) and rob_base_unpaired (base samples with no perturbed partner: left out of the pairs, so
+-- the McNemar table reports how many there were instead of dropping them silently).
+CREATE OR REPLACE TEMP VIEW rob_samples AS
+WITH s AS (
+    SELECT sc.*, r.decoding_json
+    FROM scored sc
+    JOIN runs r USING (run_id)
+    WHERE sc.sample_index = {sample_index}
+      AND sc.variant IN ('{base_variant}', '{perturbed_variant}')
+      AND NOT starts_with(sc.prompt_style, 'self_eval:')
+)
+SELECT s.*, {uncertainty_expr} AS uncertainty
+FROM s
+LEFT JOIN option_probs op
+       ON op.run_id = s.run_id AND op.item_id = s.item_id AND op.sample_index = s.sample_index
+      AND op.label = s.parsed_label;
+
+CREATE OR REPLACE TEMP VIEW rob_pairs AS
+SELECT b.model, b.backend, b.prompt_style, b.suite, b.variant, b.config, b.k, b.framing, b.system_id,
+       b.criterion_id, b.condition, b.specialty, b.question_type, b.imaging_modality, b.difficulty,
+       b.run_id, b.base_id,
+       b.item_id                    AS base_item_id,
+       q.run_id                     AS perturbed_run_id,
+       q.item_id                    AS perturbed_item_id,
+       b.correct                    AS base_correct,
+       q.correct                    AS perturbed_correct,
+       b.parsed_role IS NULL        AS base_unparsed,
+       q.parsed_role IS NULL        AS perturbed_unparsed,
+       b.uncertainty                AS base_uncertainty,
+       q.uncertainty                AS perturbed_uncertainty
+FROM (SELECT * FROM rob_samples WHERE variant = '{base_variant}') b
+JOIN (SELECT * FROM rob_samples WHERE variant = '{perturbed_variant}') q
+  ON q.dataset_id = b.dataset_id AND q.model = b.model AND q.backend = b.backend
+ AND q.prompt_style = b.prompt_style AND q.decoding_json = b.decoding_json AND q.base_id = b.base_id;
+
+CREATE OR REPLACE TEMP VIEW rob_base_unpaired AS
+SELECT b.model, b.backend, b.prompt_style, b.suite, b.variant, b.config, b.k, b.framing, b.system_id,
+       b.criterion_id, b.condition, b.specialty, b.question_type, b.imaging_modality, b.difficulty,
+       b.run_id, b.base_id,
+       b.item_id                    AS base_item_id
+FROM (SELECT * FROM rob_samples WHERE variant = '{base_variant}') b
+ANTI JOIN (SELECT * FROM rob_samples WHERE variant = '{perturbed_variant}') q
+  ON q.dataset_id = b.dataset_id AND q.model = b.model AND q.backend = b.backend
+ AND q.prompt_style = b.prompt_style AND q.decoding_json = b.decoding_json AND q.base_id = b.base_id;

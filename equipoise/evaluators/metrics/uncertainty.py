@@ -1,0 +1,434 @@
+"""Uncertainty scores per item (seed 002 sections 4.1 / 4.3 / appendix D; seed 004 sections 3.3-3.4,
+appendix D), their min-max normalisation, the reasoning-trace combiners and a per-group summary.
+
+Every score is SQL over the base views; one row per (run_id, item_id) so AUROC, calibration and flip
+analyses can join them. Higher means more uncertain, except the two columns named as confidences
+(``geo_mean_token_prob``, ``elicited_confidence``).
+
+Single-pass scores (sample 0):
+
+- ``label_nll``: -log p(chosen option), p = softmax over the scored options (``option_probs``);
+  ``label_nll_raw``: -log-probability of the chosen option's token as the backend reported it (the
+  whole-vocabulary value seed 004 calls Label NLL). NULL when sample 0 chose no option or the chosen
+  option was not scored.
+- ``avg_nll`` = -token_logprob_mean (ANLL), ``max_nll`` = -token_logprob_min (Max NLL: the largest
+  per-token NLL), ``g_nll`` = -token_logprob_sum: G-NLL (Aichberger et al., seed 002 4.1) is the NLL
+  of the greedily decoded sequence, so ``g_nll`` is exactly G-NLL when sample 0 was decoded greedily
+  (``sample0_greedy``: temperature 0 in the run's decoding; an empty decoding means the default 0),
+  otherwise it is the NLL of the first sampled sequence.
+- ``geo_mean_token_prob`` = exp(token_logprob_mean): the store keeps only the mean log-probability, so
+  this is the geometric mean of the token probabilities, not seed 002's arithmetic mean of token
+  probabilities (which needs per-token values the store does not keep; by Jensen it is never larger).
+- ``option_entropy``: entropy (nats) of sample 0's softmax over the scored options.
+- ``elicited_confidence``: the last "Confidence: 80%" / "confidence 0.8" statement in the output
+  (``CONFIDENCE_RE``); with '%' it is divided by 100, without '%' a value <= 1 is read as a
+  probability and a value in (1, 100] as a percentage; anything else is NULL.
+  ``elicited_uncertainty`` = 1 - confidence.
+- reasoning features (seed 002 5.2 / appendix D) from the whole raw output: ``n_output_tokens``
+  (the store's count), ``n_words`` (whitespace-separated runs), ``n_questions`` (maximal runs of
+  '?': a self-posed question), ``n_wait`` (the word 'wait', any case) and ``n_hedges``
+  (``HEDGE_WORDS`` as whole words, any case).
+
+Sampling scores over the item's pool of M samples (param ``pool``: 'item' = the item's own samples;
+'base' = every item of the run sharing the base_id, i.e. the shuffled permutations of one question,
+as seeds 002 4.3 and 004 3.4 sample with options reshuffled). Answers cluster by option identity
+(``parsed_option_id``), so one option keeps one cluster whatever letter it has; samples with no option
+(unparsed, refusal, error) form one '(no answer)' cluster. For multiple choice an option is a
+semantic-equivalence class (seed 002 4.1, seed 004 3.3).
+
+- ``sample_consistency`` (SC) = 1 - (size of the largest cluster) / M;
+- ``semantic_entropy`` (SE) = -sum_c (n_c / M) ln(n_c / M);
+- ``pro`` (PRO, seed 004 appendix D.1): entropy of the sequence probabilities exp(token_logprob_sum)
+  renormalised over the pool's *distinct* sampled sequences (distinct per item and text; repeats of
+  one sequence are one outcome, else ten identical confident answers would score ln 10). This is the
+  seed's plain entropy, not the top-K lower bound with an adaptive threshold of the PRO authors' code.
+
+EigenEmbed and RDS need an external sentence encoder: :func:`embedding_scores` computes them for any
+``embed(texts) -> array`` callable (not registered as a metric, since it cannot run without one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from equipoise.evaluators.metrics.registry import (
+    REGISTRY,
+    SQL_DIR,
+    Metric,
+    _check_by,
+    prepare,
+    register,
+    render_sql,
+)
+
+# a statement of confidence: the word, up to 20 non-digit characters, a number, an optional '%'
+CONFIDENCE_RE = r"(?i)\bconfidence\b[^0-9\n]{0,20}?([0-9]+(?:\.[0-9]+)?)\s*(%?)"
+# hedging vocabulary (whole words, any case); two-word hedges allow any whitespace between
+HEDGE_WORDS: tuple[str, ...] = (
+    "maybe",
+    "perhaps",
+    "possibly",
+    "probably",
+    "likely",
+    "unlikely",
+    "might",
+    "unsure",
+    "uncertain",
+    "seem",
+    "seems",
+    "seemingly",
+    "apparently",
+    "not sure",
+    "not certain",
+)
+HEDGE_RE = r"(?i)\b(?:" + "|".join(w.replace(" ", r"\s+") for w in HEDGE_WORDS) + r")\b"
+
+# numeric per-item columns of unc_scores (all may be summarised or normalised)
+SCORE_COLUMNS: tuple[str, ...] = (
+    "sample_consistency",
+    "semantic_entropy",
+    "pro",
+    "option_entropy",
+    "label_nll",
+    "label_nll_raw",
+    "avg_nll",
+    "max_nll",
+    "g_nll",
+    "geo_mean_token_prob",
+    "elicited_confidence",
+    "elicited_uncertainty",
+    "n_output_tokens",
+    "n_words",
+    "n_questions",
+    "n_wait",
+    "n_hedges",
+)
+# the columns that are uncertainties (higher = less sure): the default for unc_normalized
+UNCERTAINTY_COLUMNS: tuple[str, ...] = tuple(
+    c for c in SCORE_COLUMNS if c not in ("geo_mean_token_prob", "elicited_confidence", "n_words")
+)
+# seed 002's three behavioural features
+DEFAULT_FEATURES: tuple[str, ...] = ("n_output_tokens", "n_questions", "n_wait")
+FEATURE_COLUMNS: tuple[str, ...] = ("n_output_tokens", "n_words", "n_questions", "n_wait", "n_hedges")
+COMBINERS: tuple[str, ...] = ("linear_sum", "logistic", "ridge")
+
+_POOLS = {"item": "sc.item_id", "base": "sc.base_id"}
+_SPLIT_KEYS = ("item_id", "base_id")
+
+
+def _lit(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _fraction(params: dict, name: str) -> float:
+    value = float(params[name])
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{name} must lie strictly between 0 and 1, got {value}")
+    return value
+
+
+def _columns(params: dict, name: str, allowed: Sequence[str]) -> list[str]:
+    cols = params[name]
+    cols = [cols] if isinstance(cols, str) else list(cols)
+    bad = [c for c in cols if c not in allowed]
+    if bad or not cols:
+        raise ValueError(f"{name}: unknown or empty {bad or cols}; allowed: {', '.join(allowed)}")
+    return cols
+
+
+def _strata(by: Sequence[str], prefix: str = "") -> str:
+    """The grouping columns other than run_id (always selected), comma-terminated."""
+    cols = [b for b in by if b != "run_id"]
+    return "".join(f"{prefix}{c}, " for c in cols)
+
+
+def _by(by: Sequence[str]) -> str:
+    return "".join(f"{c}, " for c in by)
+
+
+def scores_sql(by: Sequence[str], params: dict | None = None) -> str:
+    """The rendered unc_scores query (also the inner query of the other uncertainty metrics)."""
+    params = {**REGISTRY["unc_scores"].params, **(params or {})}
+    pool = params["pool"]
+    if pool not in _POOLS:
+        raise ValueError(f"pool must be one of {sorted(_POOLS)}, got {pool!r}")
+    by = _check_by(by)
+    return render_sql(
+        REGISTRY["unc_scores"],
+        by,
+        {
+            "strata": _strata(by, "s0."),
+            "pool_key": _POOLS[str(pool)],
+            "conf_re": _lit(CONFIDENCE_RE),
+            "hedge_re": _lit(HEDGE_RE),
+        },
+    )
+
+
+def _scores(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    return con.execute(scores_sql(by, params)).df()
+
+
+def _wrapped(name: str, by: Sequence[str], params: dict, **extra: str) -> str:
+    text = (SQL_DIR / REGISTRY[name].sql).read_text(encoding="utf-8")
+    return text.format(
+        scores_sql=scores_sql(by, params), by=_by(by), part=_by(by), strata=_strata(by), **extra
+    )
+
+
+def _split_key(params: dict) -> str:
+    key = params["split_key"]
+    if key not in _SPLIT_KEYS:
+        raise ValueError(f"split_key must be one of {_SPLIT_KEYS}, got {key!r}")
+    return str(key)
+
+
+def _normalized(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    cols = _columns(params, "scores", SCORE_COLUMNS)
+    q = float(params["upper_quantile"])
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"upper_quantile must lie in [0, 1], got {q}")
+    sql = _wrapped(
+        "unc_normalized",
+        by,
+        params,
+        split_key=_split_key(params),
+        score_casts=", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
+        score_list=", ".join(cols),
+        holdout_fraction=repr(_fraction(params, "holdout_fraction")),
+        upper_quantile=repr(q),
+        keep="true" if params["include_holdout"] else "NOT in_holdout",
+    )
+    return con.execute(sql).df()
+
+
+def _summary(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    cols = _columns(params, "scores", SCORE_COLUMNS)
+    sql = _wrapped(
+        "unc_summary",
+        by,
+        params,
+        score_casts=", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
+        score_list=", ".join(cols),
+    )
+    return con.execute(sql).df()
+
+
+def combiner_features(
+    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict | None = None
+) -> pd.DataFrame:
+    """Per-item feature matrix (raw and train-scaled ``<feature>_scaled``), label and split."""
+    params = {**REGISTRY["unc_combiners"].params, **(params or {})}
+    by = _check_by(by)
+    feats = _columns(params, "features", FEATURE_COLUMNS)
+    scaled = []
+    for f in feats:
+        lo = f"min(CASE WHEN is_train THEN {f} END) OVER w"
+        hi = f"max(CASE WHEN is_train THEN {f} END) OVER w"
+        scaled.append(
+            f"CASE WHEN {hi} > {lo} THEN ({f} - {lo}) / ({hi} - {lo}) "
+            f"WHEN {f} IS NOT NULL AND {lo} IS NOT NULL THEN 0.0 END AS {f}_scaled"
+        )
+    sql = _wrapped(
+        "unc_combiners",
+        by,
+        params,
+        split_key=_split_key(params),
+        train_fraction=repr(_fraction(params, "train_fraction")),
+        feature_casts=", ".join(f"CAST({f} AS DOUBLE) AS {f}" for f in feats),
+        complete=" AND ".join(f"{f} IS NOT NULL" for f in feats),
+        scaled=", ".join(scaled),
+    )
+    prepare(con)
+    return con.execute(sql).df()
+
+
+def combiner_predictions(
+    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Fit the combiners per group on the training split; return (per-item predictions in long form,
+    per-group fit summary with coefficients).
+
+    linear_sum = sum of the train-scaled features (seed 002 D.1 "Linear Sum"); logistic =
+    P(incorrect) from ``LogisticRegression(C=C)``; ridge = ``Ridge(alpha=alpha)`` fitted to the 0/1
+    incorrect label (seed 002's Calibration Regression fits correctness and uses 1 - f(x); with an
+    intercept the two are the same function). Both read the train-scaled features.
+    """
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    params = {**REGISTRY["unc_combiners"].params, **(params or {})}
+    by = _check_by(by)
+    feats = _columns(params, "features", FEATURE_COLUMNS)
+    xcols = [f"{f}_scaled" for f in feats]
+    df = combiner_features(con, by, params)
+    preds, fits = [], []
+    groups = df.groupby(list(by), dropna=False, sort=True) if by else [((), df)]
+    for key, grp in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        g = grp[grp["complete"]].sort_values(["run_id", "item_id"])
+        tr = g[g["is_train"]]
+        x_all = g[xcols].to_numpy(dtype=float)
+        y_tr = tr["incorrect"].to_numpy(dtype=int)
+        fit: dict[str, object] = dict(zip(by, key, strict=True))
+        fit.update(n_rows=len(grp), n_missing_features=int((~grp["complete"]).sum()))
+        fit.update(n_train=len(tr), n_train_incorrect=int(y_tr.sum()))
+        fit.update(n_test=len(g) - len(tr), n_test_incorrect=int(g["incorrect"].sum() - y_tr.sum()))
+        out = {"linear_sum": x_all.sum(axis=1)}
+        out["logistic"] = out["ridge"] = np.full(len(g), np.nan)
+        if len(tr) and 0 < y_tr.sum() < len(tr):
+            lr = LogisticRegression(C=float(params["C"]), max_iter=1000)
+            lr.fit(tr[xcols].to_numpy(dtype=float), y_tr)
+            out["logistic"] = lr.predict_proba(x_all)[:, 1] if len(g) else np.array([])
+            fit.update({f"logistic_{f}": float(c) for f, c in zip(feats, lr.coef_[0], strict=True)})
+            fit["logistic_bias"] = float(lr.intercept_[0])
+        if len(tr):
+            rg = Ridge(alpha=float(params["alpha"]))
+            rg.fit(tr[xcols].to_numpy(dtype=float), y_tr.astype(float))
+            out["ridge"] = rg.predict(x_all)
+            fit.update({f"ridge_{f}": float(c) for f, c in zip(feats, rg.coef_, strict=True)})
+            fit["ridge_bias"] = float(rg.intercept_)
+        fits.append(fit)
+        keep = list(dict.fromkeys([*by, "run_id", "item_id", "incorrect", "is_train"]))
+        for name in COMBINERS:
+            p = g[keep].copy()
+            p["combiner"] = name
+            p["u"] = np.asarray(out[name], dtype=float)
+            preds.append(p)
+    cols = list(dict.fromkeys([*by, "run_id", "item_id", "incorrect", "is_train", "combiner", "u"]))
+    pred = pd.concat(preds, ignore_index=True) if preds else pd.DataFrame(columns=cols)
+    return pred, pd.DataFrame(fits)
+
+
+def _combiners(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    """Per group: fit summary and coefficients, then test-split AUROC of each combiner (SQL)."""
+    pred, fits = combiner_predictions(con, by, params)
+    text = (SQL_DIR / "unc_combiner_auroc.sql").read_text(encoding="utf-8")
+    group_by = ("GROUP BY " + ", ".join(by)) if by else ""
+    con.register("_unc_combiner_preds", pred.astype({"u": float, "incorrect": bool, "is_train": bool}))
+    try:
+        auc = con.execute(text.format(by=_by(by), part=_by(by), group_by=group_by)).df()
+    finally:
+        con.unregister("_unc_combiner_preds")
+    if fits.empty:
+        return auc
+    if not by:
+        return pd.concat([fits, auc], axis=1)
+    return fits.merge(auc, on=list(by), how="left")
+
+
+def embedding_scores(
+    con: duckdb.DuckDBPyConnection,
+    embed: Callable[[list[str]], np.ndarray],
+    by: Sequence[str] = ("model",),
+    pool: str = "item",
+    normalize: bool = True,
+) -> pd.DataFrame:
+    """EigenEmbed and RDS per (run_id, item_id) with a caller's sentence encoder.
+
+    ``embed`` maps a list of texts to an (n, d) array. Each distinct output text is embedded once
+    (the one Python step; an encoder is not SQL); with ``normalize`` the vectors are put on the unit
+    sphere, as the RDS authors do. The geometry is SQL over the pool of samples (``pool`` as in
+    unc_scores): eigen_embed = trace of the covariance with 1/N = mean squared Euclidean distance to
+    the centroid (seed 004 eq. 5 with external embeddings); rds = sum of L1 distances to the centroid
+    (seed 004 eq. 6, the L1 norm of the RDS paper). Not the authors' code's EigenEmbed, which takes the
+    mean log10 eigenvalue of a regularised N x N sample covariance.
+    """
+    if pool not in _POOLS:
+        raise ValueError(f"pool must be one of {sorted(_POOLS)}, got {pool!r}")
+    by = _check_by(by)
+    prepare(con)
+    texts = [
+        r[0]
+        for r in con.execute(
+            "SELECT DISTINCT raw_output FROM scored WHERE outcome <> 'error' ORDER BY 1"
+        ).fetchall()
+    ]
+    vecs = np.asarray(embed(texts), dtype=float) if texts else np.zeros((0, 1))
+    if vecs.ndim != 2 or vecs.shape[0] != len(texts):
+        raise ValueError(f"embed returned shape {vecs.shape} for {len(texts)} texts; expected (n, d)")
+    if normalize and len(texts):
+        norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+        vecs = np.divide(vecs, norms, out=np.zeros_like(vecs), where=norms > 0)
+    n, d = vecs.shape
+    table = pa.table(
+        {
+            "text": np.repeat(np.array(texts, dtype=object), d) if n else np.array([], dtype=object),
+            "d": np.tile(np.arange(d, dtype=np.int32), n),
+            "v": vecs.ravel(),
+        }
+    )
+    text = (SQL_DIR / "unc_embedding.sql").read_text(encoding="utf-8")
+    con.register("_unc_embeddings", table)
+    try:
+        return con.execute(text.format(strata=_strata(by, "s."), pool_key=_POOLS[pool])).df()
+    finally:
+        con.unregister("_unc_embeddings")
+
+
+register(
+    Metric(
+        name="unc_scores",
+        description="per-item uncertainty scores: Label NLL, ANLL, Max NLL, G-NLL, geometric-mean token "
+        "probability, option entropy, SC, SE and PRO over option-identity clusters, elicited confidence, "
+        "reasoning-trace features (one row per run x item)",
+        sql="unc_scores.sql",
+        needs=("predictions", "option_scores"),
+        default_by=("model",),
+        params={"pool": "item"},
+        compute_fn=_scores,
+    )
+)
+register(
+    Metric(
+        name="unc_normalized",
+        description="uncertainty scores min-max normalised per group: lower = min, upper = 99th "
+        "percentile on a held-out md5 split, clipped to [0, 1] (one row per run x item x score)",
+        sql="unc_normalized.sql",
+        needs=("predictions", "option_scores"),
+        default_by=("model",),
+        params={
+            "pool": "item",
+            "scores": UNCERTAINTY_COLUMNS,
+            "holdout_fraction": 0.3,
+            "upper_quantile": 0.99,
+            "split_key": "item_id",
+            "include_holdout": False,
+        },
+        compute_fn=_normalized,
+    )
+)
+register(
+    Metric(
+        name="unc_combiners",
+        description="reasoning-trace features combined by linear sum, logistic and ridge regression "
+        "(trained on an md5 split) into one uncertainty; test-split AUROC for incorrect answers",
+        sql="unc_combiner_features.sql",
+        needs=("predictions",),
+        default_by=("model",),
+        params={
+            "pool": "item",
+            "features": DEFAULT_FEATURES,
+            "train_fraction": 0.4,
+            "split_key": "item_id",
+            "C": 1.0,
+            "alpha": 1.0,
+        },
+        compute_fn=_combiners,
+    )
+)
+register(
+    Metric(
+        name="unc_summary",
+        description="mean of every uncertainty score per group, with how many items define it",
+        sql="unc_summary.sql",
+        needs=("predictions", "option_scores"),
+        default_by=("model",),
+        params={"pool": "item", "scores": SCORE_COLUMNS},
+        compute_fn=_summary,
+    )
+)

@@ -1,0 +1,750 @@
+"""Uncertainty metrics (unc_scores / unc_normalized / unc_combiners / unc_summary, embedding_scores)
+against independent pandas / numpy / scipy / scikit-learn recomputations from the raw store tables.
+
+The random stores are synthetic stores whose outputs are rewritten with reasoning-like text
+(questions, 'wait', hedges, confidence statements), repeated sequences, missing log-probabilities,
+partly scored options and non-greedy runs. A crafted store shuffles options between the items of one
+question so the same option has different letters: clusters must follow option identity.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import re
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from scipy.special import logsumexp
+from scipy.stats import entropy
+from sklearn.linear_model import LogisticRegression, Ridge
+from sklearn.metrics import roc_auc_score
+
+from equipoise.evaluators.metrics import compute
+from equipoise.evaluators.metrics.registry import STRATA
+from equipoise.evaluators.metrics.uncertainty import (
+    SCORE_COLUMNS,
+    UNCERTAINTY_COLUMNS,
+    combiner_predictions,
+    embedding_scores,
+)
+from equipoise.evaluators.store import connect, insert_table
+from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+
+TOL = 1e-9
+FRAGMENTS = [
+    "Let me think about the murmur.",
+    "Is it aortic stenosis?",
+    "Wait, that does not fit.",
+    "wait... maybe not",
+    "WAIT?? Could it be mitral?",
+    "Waiting for labs is not an option.",
+    "It is probably the second one.",
+    "Perhaps it seems likely",
+    "I am not sure about this",
+    "I'm not\tcertain, it's unlikely.",
+    "The likelihood seemed low; notsure",
+    "Possibly? apparently; Unsure.",
+    "What else??? Hmm?",
+    "uncertainty remains, but the answer looks clear.",
+]
+CONFIDENCE_TAILS = [
+    "",
+    "",
+    "Confidence: 85%",
+    "confidence 0.8",
+    "CONFIDENCE level = 95 %",
+    "Confidence: 7",
+    "Confidence: 150%",
+    "my confidence is 1",
+    "Confidence: 60%\nfinal confidence: 0.35",
+]
+
+
+# ----------------------------------------------------------------------------- stores
+
+
+def _enrich(path: Path, seed: int) -> None:
+    """Rewrite outputs with reasoning-like text, blank some log-probabilities, drop some option
+    scores and make runs non-greedy / undecodable."""
+    rng = np.random.default_rng(seed + 100)
+    con = connect(path)
+    try:
+        p = con.execute("SELECT run_id, item_id, sample_index FROM predictions ORDER BY ALL").df()
+        cands: dict[tuple[str, str], list[str]] = {}
+        texts = []
+        for run_id, item_id in zip(p.run_id, p.item_id, strict=True):
+            if (run_id, item_id) not in cands:
+                cands[(run_id, item_id)] = [
+                    " ".join(rng.choice(FRAGMENTS, rng.integers(0, 6)).tolist())
+                    + rng.choice(["\n", " ", "  "])
+                    + str(rng.choice(CONFIDENCE_TAILS))
+                    for _ in range(3)
+                ]
+            texts.append(str(rng.choice(cands[(run_id, item_id)])))  # repeats -> PRO dedup
+        n = len(p)
+        p["raw_output"] = texts
+        p["blank_lp"] = rng.random(n) < 0.05
+        p["blank_tok"] = rng.random(n) < 0.04
+        p["error"] = rng.random(n) < 0.02  # backend failures: no text, no answer, no log-probs
+        p.loc[p["error"], "raw_output"] = ""
+        con.register("upd", p)
+        con.execute(
+            """UPDATE predictions SET raw_output = u.raw_output,
+                 token_logprob_sum = CASE WHEN u.blank_lp OR u.error THEN NULL ELSE token_logprob_sum END,
+                 token_logprob_mean = CASE WHEN u.blank_lp OR u.error THEN NULL ELSE token_logprob_mean END,
+                 token_logprob_min = CASE WHEN u.blank_lp OR u.error THEN NULL ELSE token_logprob_min END,
+                 n_output_tokens = CASE WHEN u.blank_tok OR u.error THEN NULL ELSE n_output_tokens END,
+                 parsed_label = CASE WHEN u.error THEN NULL ELSE parsed_label END,
+                 parse_method = CASE WHEN u.error THEN 'error' ELSE parse_method END,
+                 outcome = CASE WHEN u.error THEN 'error' ELSE outcome END,
+                 error = CASE WHEN u.error THEN 'HTTP 500' END
+               FROM upd u WHERE predictions.run_id = u.run_id AND predictions.item_id = u.item_id
+                 AND predictions.sample_index = u.sample_index"""
+        )
+        con.unregister("upd")
+        # options outside the backend's top-k: drop ~10% of option scores
+        con.execute(f"DELETE FROM option_scores WHERE hash(run_id || item_id || label || {seed}) % 10 = 0")
+        runs = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY 1").fetchall()]
+        con.execute("UPDATE runs SET decoding_json = ? WHERE run_id = ?", ['{"temperature": 0.7}', runs[0]])
+        con.execute("UPDATE runs SET decoding_json = ? WHERE run_id = ?", ["not json", runs[1]])
+        con.execute("UPDATE runs SET decoding_json = ? WHERE run_id = ?", ['{"temperature": 0}', runs[2]])
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module", params=[0, 1])
+def store(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("unc") / "s.duckdb"
+    spec = SyntheticSpec(n_items=120, samples=5, seed=request.param, unparsed_rate=0.1)
+    make_store(path, spec)
+    _enrich(path, request.param)
+    return path
+
+
+PERMS = [[0, 1, 2, 3], [2, 0, 3, 1], [3, 2, 1, 0], [1, 3, 0, 2]]
+
+
+def _crafted(path: Path) -> Path:
+    """Two questions, each offered as four option permutations (items q~p0..p3 sharing base q).
+
+    q1: the model always picks option src:2 (its letter changes with the permutation);
+    q2: the model always answers 'A' (position bias: a different option each time), one sample
+    unparsed. Two samples per permutation.
+    """
+    con = connect(path)
+    ds, cfg = "ds-shuffle", "shuffled"
+    try:
+        insert_table(
+            con,
+            "datasets",
+            pa.Table.from_pylist(
+                [
+                    dict(
+                        dataset_id=ds,
+                        config=cfg,
+                        suite="shuffle",
+                        name="crafted",
+                        location="memory",
+                        builder_version="test",
+                        seed=0,
+                    )
+                ],
+            ),
+        )
+        items, opts, preds, scores = [], [], [], []
+        texts = {
+            ("q1", 0): "Wait, is it A? Maybe. wait... WAIT? Waiting is not an option. Not sure?? "
+            "Answer: C\nConfidence: 85%",
+            ("q1", 1): "perhaps it's likely, possibly unlikely; apparently it seems uncertain and "
+            "I'm unsure, not\ncertain. confidence 0.8",
+            ("q1", 2): "The likelihood seemed low, notsure. CONFIDENCE level = 95 %",
+            ("q1", 3): "Confidence: 60% at first\nthen my confidence: 7",
+            ("q2", 0): "Confidence: 150%",
+            ("q2", 1): "my confidence is 1",
+            ("q2", 2): "no statement here",
+            ("q2", 3): "",
+        }
+        for base in ("q1", "q2"):
+            for pi, perm in enumerate(PERMS):
+                item_id = f"{base}~p{pi}"
+                label_of = {f"src:{perm[pos]}": "ABCD"[pos] for pos in range(4)}
+                items.append(
+                    dict(
+                        dataset_id=ds,
+                        config=cfg,
+                        item_id=item_id,
+                        base_id=base,
+                        task="mcq",
+                        suite="shuffle",
+                        variant="shuffled",
+                        target_label=label_of["src:0"],
+                        target_role="gold",
+                        has_gold=True,
+                        abstain_expected=False,
+                        n_options=4,
+                        k=3,
+                        specialty="Cardiology",
+                    )
+                )
+                for oid, lab in label_of.items():
+                    opts.append(
+                        dict(
+                            dataset_id=ds,
+                            config=cfg,
+                            item_id=item_id,
+                            label=lab,
+                            option_id=oid,
+                            role="gold" if oid == "src:0" else "distractor",
+                        )
+                    )
+                for s in range(2):
+                    lab = label_of["src:2"] if base == "q1" else "A"
+                    unparsed = base == "q2" and pi == 3 and s == 1
+                    preds.append(
+                        dict(
+                            run_id="r1",
+                            item_id=item_id,
+                            sample_index=s,
+                            raw_output=texts[(base, pi)] if s == 0 else f"[{lab}] sample {s}",
+                            parsed_label=None if unparsed else lab,
+                            parse_method="unparsed" if unparsed else "bracket",
+                            outcome="unparsed" if unparsed else "answered",
+                            token_logprob_sum=-1.0 - pi - 0.5 * s,
+                            token_logprob_mean=-0.1 - 0.01 * pi,
+                            token_logprob_min=-0.5 - 0.1 * pi,
+                            n_output_tokens=10 + pi,
+                        )
+                    )
+                    for j, lb in enumerate("ABCD"):
+                        scores.append(
+                            dict(run_id="r1", item_id=item_id, sample_index=s, label=lb, logprob=-1.0 - j)
+                        )
+        for table, rows in [("items", items), ("options", opts), ("predictions", preds)]:
+            insert_table(con, table, pa.Table.from_pylist(rows))
+        insert_table(con, "option_scores", pa.Table.from_pylist(scores))
+        insert_table(
+            con,
+            "runs",
+            pa.Table.from_pylist(
+                [
+                    dict(
+                        run_id="r1",
+                        model="m-shuffle",
+                        backend="test",
+                        prompt_style="base",
+                        prompt_template_id="t",
+                        prompt_sha256="x",
+                        decoding_json="{}",
+                        dataset_id=ds,
+                        config=cfg,
+                        package_version="test",
+                    )
+                ]
+            ),
+        )
+    finally:
+        con.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def crafted(tmp_path_factory):
+    return _crafted(tmp_path_factory.mktemp("uncc") / "c.duckdb")
+
+
+def _compute(path: Path, name: str, by, params=None) -> pd.DataFrame:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return compute(con, name, by, params)
+    finally:
+        con.close()
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def _tables(path: Path) -> dict[str, pd.DataFrame]:
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return {
+            t: con.execute(f"SELECT * FROM {t}").df()
+            for t in ("predictions", "runs", "items", "options", "option_scores")
+        }
+    finally:
+        con.close()
+
+
+def _conf(text: str) -> float | None:
+    hits = re.findall(r"(?i)\bconfidence\b[^0-9\n]{0,20}?([0-9]+(?:\.[0-9]+)?)\s*(%?)", text)
+    if not hits:
+        return None
+    num, pct = float(hits[-1][0]), hits[-1][1]
+    value = num / 100 if pct == "%" or num > 1 else num
+    return value if 0 <= value <= 1 else None
+
+
+HEDGES = {
+    "maybe",
+    "perhaps",
+    "possibly",
+    "probably",
+    "likely",
+    "unlikely",
+    "might",
+    "unsure",
+    "uncertain",
+    "seem",
+    "seems",
+    "seemingly",
+    "apparently",
+}
+
+
+def _text_features(text: str) -> dict[str, int]:
+    toks = [(m.group().lower(), m.start(), m.end()) for m in re.finditer(r"[A-Za-z0-9_]+", text)]
+    hedges = sum(t in HEDGES for t, _, _ in toks)
+    for (a, _, e1), (b, s2, _) in itertools.pairwise(toks):
+        gap = text[e1:s2]
+        hedges += a == "not" and b in ("sure", "certain") and gap != "" and gap.isspace()
+    return {
+        "n_words": len(text.split()),
+        "n_questions": sum(c == "?" and (i == 0 or text[i - 1] != "?") for i, c in enumerate(text)),
+        "n_wait": sum(t == "wait" for t, _, _ in toks),
+        "n_hedges": hedges,
+    }
+
+
+def _greedy(decoding: str) -> bool | None:
+    try:
+        d = json.loads(decoding)
+    except ValueError:
+        return None
+    t = d.get("temperature")
+    try:
+        return float(t if t is not None else 0) == 0
+    except (TypeError, ValueError):
+        return True
+
+
+def reference_scores(path: Path, pool: str = "item") -> pd.DataFrame:
+    """Every unc_scores column from the raw tables with pandas / numpy / scipy (cached per store)."""
+    return _reference_scores(path, pool).copy()
+
+
+@functools.lru_cache(maxsize=8)
+def _reference_scores(path: Path, pool: str) -> pd.DataFrame:
+    t = _tables(path)
+    p = t["predictions"].merge(t["runs"], on="run_id")
+    p = p.merge(t["items"], on=["dataset_id", "config", "item_id"])
+    opt = t["options"].set_index(["dataset_id", "config", "item_id", "label"])["option_id"].to_dict()
+    p["option_id"] = [
+        opt.get((d, c, i, lab)) if isinstance(lab, str) else None
+        for d, c, i, lab in zip(p.dataset_id, p.config, p.item_id, p.parsed_label, strict=True)
+    ]
+    p["cluster"] = p["option_id"].fillna("(no answer)")
+    p["correct"] = (p.parsed_label == p.target_label).fillna(False).astype(bool)
+    p["pool"] = p["item_id"] if pool == "item" else p["base_id"]
+    rows = {}
+    for (run_id, _), g in p.groupby(["run_id", "pool"]):
+        counts = g["cluster"].value_counts().to_numpy()
+        m = len(g)
+        seq = g.dropna(subset=["token_logprob_sum"]).groupby(["item_id", "raw_output"])["token_logprob_sum"]
+        lp = seq.mean().to_numpy()
+        pro = entropy(np.exp(lp - lp.max())) if len(lp) else np.nan
+        for item_id in g["item_id"].unique():
+            rows[(run_id, item_id)] = {
+                "n_samples": m,
+                "sample_accuracy": g["correct"].mean(),
+                "n_clusters": len(counts),
+                "sample_consistency": 1 - counts.max() / m,
+                "semantic_entropy": entropy(counts / m),
+                "n_pro_sequences": len(lp) if len(lp) else np.nan,
+                "pro": pro,
+            }
+    s0 = p[p.sample_index == 0].copy()
+    os0 = t["option_scores"][t["option_scores"].sample_index == 0]
+    lse = os0.groupby(["run_id", "item_id"])["logprob"].apply(lambda x: logsumexp(x.to_numpy()))
+    ent = os0.groupby(["run_id", "item_id"])["logprob"].apply(
+        lambda x: entropy(np.exp(x.to_numpy() - x.max()))
+    )
+    nsc = os0.groupby(["run_id", "item_id"]).size()
+    chosen = os0.set_index(["run_id", "item_id", "label"])["logprob"].to_dict()
+    out = []
+    for r in s0.itertuples(index=False):
+        key = (r.run_id, r.item_id)
+        lp_c = chosen.get((r.run_id, r.item_id, r.parsed_label)) if isinstance(r.parsed_label, str) else None
+        conf = _conf(r.raw_output)
+        row = {
+            "model": r.model,
+            "config": r.config,
+            "run_id": r.run_id,
+            "item_id": r.item_id,
+            "base_id": r.base_id,
+            "outcome": r.outcome,
+            "correct": r.correct,
+            **rows[key],
+            "n_scored_options": nsc.get(key, np.nan),
+            "n_options": r.n_options,
+            "option_entropy": ent.get(key, np.nan),
+            "label_nll": lse[key] - lp_c if lp_c is not None else np.nan,
+            "label_nll_raw": -lp_c if lp_c is not None else np.nan,
+            "avg_nll": -r.token_logprob_mean,
+            "max_nll": -r.token_logprob_min,
+            "g_nll": -r.token_logprob_sum,
+            "geo_mean_token_prob": np.exp(r.token_logprob_mean),
+            "sample0_greedy": _greedy(r.decoding_json),
+            "elicited_confidence": conf,
+            "elicited_uncertainty": None if conf is None else 1 - conf,
+            "n_output_tokens": r.n_output_tokens,
+            **_text_features(r.raw_output),
+        }
+        out.append(row)
+    return pd.DataFrame(out).sort_values(["run_id", "item_id"]).reset_index(drop=True)
+
+
+def _assert_frames(got: pd.DataFrame, want: pd.DataFrame, cols) -> None:
+    got = got.sort_values(["run_id", "item_id"]).reset_index(drop=True)
+    assert list(got.run_id) == list(want.run_id) and list(got.item_id) == list(want.item_id)
+    for c in cols:
+        a = pd.to_numeric(got[c], errors="coerce").to_numpy(dtype=float)
+        b = pd.to_numeric(want[c], errors="coerce").to_numpy(dtype=float)
+        assert np.array_equal(np.isnan(a), np.isnan(b)), c
+        ok = ~np.isnan(a)
+        np.testing.assert_allclose(a[ok], b[ok], rtol=1e-12, atol=TOL, err_msg=c)
+
+
+def _u(key: str) -> float:
+    return int(hashlib.md5(key.encode()).hexdigest()[:8], 16) / 2**32
+
+
+# ----------------------------------------------------------------------------- unc_scores
+
+
+@pytest.mark.parametrize("pool", ["item", "base"])
+def test_scores_match_reference(store, pool):
+    got = _compute(store, "unc_scores", ["model", "config"], {"pool": pool})
+    want = reference_scores(store, pool)
+    assert len(got) == len(want) == 2 * 2 * 120  # every run x item, unparsed/blank rows included
+    _assert_frames(got, want, [*SCORE_COLUMNS, "n_samples", "sample_accuracy", "n_clusters"])
+    _assert_frames(got, want, ["n_pro_sequences", "n_scored_options", "n_options"])
+    assert (got.sort_values(["run_id", "item_id"]).model.to_numpy() == want.model.to_numpy()).all()
+    g = got.sort_values(["run_id", "item_id"]).reset_index(drop=True)
+    assert g.outcome.tolist() == want.outcome.tolist() and g.correct.tolist() == want.correct.tolist()
+    assert g.sample0_greedy.astype(object).where(g.sample0_greedy.notna(), None).tolist() == list(
+        want.sample0_greedy
+    )
+    # the store exercises the NULL paths
+    assert g.label_nll.isna().any() and g.avg_nll.isna().any() and g.elicited_confidence.isna().any()
+    assert (g.n_scored_options < g.n_options).any() and (g.n_wait > 0).any() and (g.n_hedges > 0).any()
+    assert (g.n_pro_sequences < g.n_samples).any()  # repeated sequences merged
+    assert (g.outcome == "error").any() and (g.outcome == "unparsed").any()
+
+
+def test_crafted_shuffle_clusters_by_option_identity(crafted):
+    got = _compute(crafted, "unc_scores", ["model"], {"pool": "base"}).set_index("item_id")
+    t = _tables(crafted)
+    p = t["predictions"].merge(
+        t["options"].rename(columns={"label": "parsed_label"}), on=["item_id", "parsed_label"], how="left"
+    )
+    p["base"] = p.item_id.str.split("~").str[0]
+    for _, g in p.groupby("base"):
+        by_id = entropy(g.option_id.fillna("(no answer)").value_counts().to_numpy())
+        by_letter = entropy(g.parsed_label.fillna("(no answer)").value_counts().to_numpy())
+        assert by_id != pytest.approx(by_letter)  # letters would tell a different story
+        for item in g.item_id.unique():
+            assert got.loc[item, "semantic_entropy"] == pytest.approx(by_id, abs=TOL)
+    q1, q2 = got.loc["q1~p0"], got.loc["q2~p0"]
+    # q1: one option throughout, under four different letters (C, A, B, D)
+    assert q1.n_samples == 8 and q1.n_clusters == 1
+    assert q1.semantic_entropy == 0 and q1.sample_consistency == 0
+    # q2: always letter A = src:0, src:2, src:3, src:1; one sample unparsed -> its own cluster
+    assert q2.n_clusters == 5
+    want = -(3 * (2 / 8) * np.log(2 / 8) + 2 * (1 / 8) * np.log(1 / 8))
+    assert q2.semantic_entropy == pytest.approx(want, abs=TOL)
+    assert q2.sample_consistency == pytest.approx(1 - 2 / 8, abs=TOL)  # tied majorities: share 2/8
+    assert q2.sample_accuracy == pytest.approx(2 / 8, abs=TOL)  # src:0 is the target
+    # per item, the pool is the item's own two samples
+    per_item = _compute(crafted, "unc_scores", ["model"], {"pool": "item"}).set_index("item_id")
+    assert (per_item.loc[[f"q1~p{i}" for i in range(4)], "semantic_entropy"] == 0).all()
+    assert per_item.loc["q2~p3", "semantic_entropy"] == pytest.approx(np.log(2), abs=TOL)
+    assert per_item.loc["q2~p3", "sample_consistency"] == pytest.approx(0.5, abs=TOL)
+
+
+def test_crafted_text_features_by_hand(crafted):
+    got = _compute(crafted, "unc_scores", []).set_index("item_id")
+    want = {  # item: (n_wait, n_questions, n_hedges, elicited_confidence)
+        "q1~p0": (3, 3, 2, 0.85),
+        "q1~p1": (0, 0, 9, 0.8),
+        "q1~p2": (0, 0, 0, 0.95),
+        "q1~p3": (0, 0, 0, 0.07),
+        "q2~p0": (0, 0, 0, None),
+        "q2~p1": (0, 0, 0, 1.0),
+        "q2~p2": (0, 0, 0, None),
+        "q2~p3": (0, 0, 0, None),
+    }
+    for item, (w, q, h, c) in want.items():
+        row = got.loc[item]
+        assert (row.n_wait, row.n_questions, row.n_hedges) == (w, q, h), item
+        if c is None:
+            assert pd.isna(row.elicited_confidence) and pd.isna(row.elicited_uncertainty), item
+        else:
+            assert row.elicited_confidence == pytest.approx(c, abs=TOL), item
+            assert row.elicited_uncertainty == pytest.approx(1 - c, abs=TOL), item
+    assert got.loc["q2~p3", "n_words"] == 0
+    # label NLL: the chosen letter's softmax over logits -1..-4; G-NLL = -sum of sample 0
+    lse = logsumexp([-1.0, -2.0, -3.0, -4.0])
+    assert got.loc["q2~p0", "label_nll"] == pytest.approx(lse + 1.0, abs=TOL)
+    assert got.loc["q2~p0", "label_nll_raw"] == pytest.approx(1.0, abs=TOL)
+    assert got.loc["q1~p2", "g_nll"] == pytest.approx(3.0, abs=TOL)
+    assert got.loc["q1~p2", "geo_mean_token_prob"] == pytest.approx(np.exp(-0.12), abs=TOL)
+    assert bool(got.loc["q1~p2", "sample0_greedy"]) is True
+
+
+def test_grouping_and_params(store):
+    for by in (["run_id"], ["run_id", "model"], [], ["specialty", "framing", "k"]):
+        df = _compute(store, "unc_scores", by)
+        assert len(df) == 480 and not df.columns.duplicated().any()
+        assert set(by) <= set(df.columns)
+    for name in ("unc_normalized", "unc_summary", "unc_combiners"):
+        for by in (["run_id"], ["model", "run_id"], []):
+            df = _compute(store, name, by)
+            assert not df.columns.duplicated().any() and len(df)
+    with pytest.raises(ValueError, match="pool"):
+        _compute(store, "unc_scores", ["model"], {"pool": "letters"})
+    with pytest.raises(ValueError, match="holdout_fraction"):
+        _compute(store, "unc_normalized", ["model"], {"holdout_fraction": 1.5})
+    with pytest.raises(ValueError, match="scores"):
+        _compute(store, "unc_summary", ["model"], {"scores": ["raw_output"]})
+    with pytest.raises(KeyError, match="cannot group by"):
+        _compute(store, "unc_scores", ["raw_output"])
+    assert set(STRATA) >= {"model", "run_id"}
+
+
+# ----------------------------------------------------------------------------- unc_summary
+
+
+def test_summary_matches_pandas(store):
+    got = _compute(store, "unc_summary", ["model", "config"]).set_index(["model", "config", "score"])
+    ref = reference_scores(store)
+    assert len(got) == 4 * len(SCORE_COLUMNS)
+    for (model, config), g in ref.groupby(["model", "config"]):
+        for c in SCORE_COLUMNS:
+            v = pd.to_numeric(g[c], errors="coerce").astype(float)
+            row = got.loc[(model, config, c)]
+            assert row.n_items == len(g) and row.n_scored == v.notna().sum(), c
+            if v.notna().any():
+                assert row["mean"] == pytest.approx(v.mean(), rel=1e-12, abs=TOL), c
+            else:
+                assert pd.isna(row["mean"]), c
+
+
+# ----------------------------------------------------------------------------- normalisation
+
+
+def test_duckdb_quantiles_match_numpy_methods():
+    """quantile_cont is numpy's 'linear' (default) method, quantile_disc its 'inverted_cdf'."""
+    rng = np.random.default_rng(7)
+    con = duckdb.connect()
+    for n in (1, 2, 3, 10, 37, 101):
+        x = np.round(rng.normal(size=n), 1)  # ties included
+        for q in (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0):
+            c, d = con.execute(
+                f"SELECT quantile_cont(x, {q}), quantile_disc(x, {q}) FROM (SELECT unnest($1::DOUBLE[]) x)",
+                [x.tolist()],
+            ).fetchone()
+            assert c == pytest.approx(np.quantile(x, q, method="linear"), abs=1e-12)
+            assert d == np.quantile(x, q, method="inverted_cdf")
+    con.close()
+
+
+@pytest.mark.parametrize(("split_key", "fraction"), [("item_id", 0.3), ("base_id", 0.5)])
+def test_normalized_matches_numpy(store, split_key, fraction):
+    params = {"holdout_fraction": fraction, "split_key": split_key, "include_holdout": True}
+    got = _compute(store, "unc_normalized", ["model"], params)
+    ref = reference_scores(store)
+    long = ref.melt(
+        id_vars=["model", "run_id", "item_id", "base_id"],
+        value_vars=list(UNCERTAINTY_COLUMNS),
+        var_name="score",
+        value_name="raw",
+    )
+    long["raw"] = pd.to_numeric(long["raw"], errors="coerce").astype(float)
+    long["in_holdout"] = [_u(k) < fraction for k in long[split_key]]
+    parts = []
+    for _, g in long.groupby(["model", "score"]):
+        h = g.loc[g.in_holdout, "raw"].dropna().to_numpy()
+        g = g.copy()
+        if len(h):
+            lo, hi = h.min(), np.percentile(h, 99, method="linear")
+            x = g["raw"].to_numpy()
+            norm = np.clip((x - lo) / (hi - lo), 0, 1) if hi > lo else np.where(x <= lo, 0.0, 1.0)
+            g["normalized"] = np.where(np.isnan(x), np.nan, norm)
+            g["lower"], g["upper"] = lo, hi
+        else:
+            g["normalized"] = g["lower"] = g["upper"] = np.nan
+        g["n_holdout"] = len(h)
+        parts.append(g)
+    want = pd.concat(parts).sort_values(["run_id", "item_id", "score"]).reset_index(drop=True)
+    got = got.sort_values(["run_id", "item_id", "score"]).reset_index(drop=True)
+    assert len(got) == len(want) == 480 * len(UNCERTAINTY_COLUMNS)
+    assert (got.in_holdout.to_numpy() == want.in_holdout.to_numpy()).all()
+    for c in ("raw", "lower", "upper", "normalized", "n_holdout"):
+        a, b = got[c].to_numpy(dtype=float), want[c].to_numpy(dtype=float)
+        assert np.array_equal(np.isnan(a), np.isnan(b)), c
+        np.testing.assert_allclose(a[~np.isnan(a)], b[~np.isnan(b)], rtol=1e-12, atol=TOL, err_msg=c)
+    ok = got.normalized.dropna()
+    assert ok.between(0, 1).all() and (ok == 1).any() and (ok == 0).any()
+    # default: held-out rows are not returned
+    default = _compute(store, "unc_normalized", ["model"], {k: v for k, v in params.items() if k[0] != "i"})
+    assert not default.in_holdout.any() and len(default) == (~got.in_holdout).sum()
+
+
+def test_normalized_degenerate_and_empty_holdout(crafted):
+    got = _compute(crafted, "unc_normalized", ["model"], {"include_holdout": True, "holdout_fraction": 0.5})
+    sc = got[got.score == "semantic_entropy"]
+    # pool 'item': q1 items have 0 entropy, q2 items ln 2 or 0; bounds follow the held-out items
+    for r in sc.itertuples():
+        if r.upper > r.lower:
+            assert r.normalized == pytest.approx(min(1, max(0, (r.raw - r.lower) / (r.upper - r.lower))))
+        else:
+            assert r.normalized == (0.0 if r.raw <= r.lower else 1.0)
+    el = got[got.score == "elicited_uncertainty"]
+    assert el.n_holdout.max() <= 4 and el.normalized.isna().sum() >= el.raw.isna().sum()
+
+
+# ----------------------------------------------------------------------------- combiners
+
+
+def _reference_combiners(ref: pd.DataFrame, feats, fraction=0.4, c=1.0, alpha=1.0):
+    preds, aucs = {}, {}
+    for model, g in ref.groupby("model"):
+        g = g.copy()
+        g[feats] = g[feats].apply(pd.to_numeric, errors="coerce").astype(float)
+        g = g.dropna(subset=feats).sort_values(["run_id", "item_id"])
+        y = (~g["correct"].astype(bool)).astype(int).to_numpy()
+        tr = np.array([_u(i) < fraction for i in g.item_id])
+        x = g[feats].to_numpy()
+        lo, hi = x[tr].min(axis=0), x[tr].max(axis=0)
+        xs = np.where(hi > lo, (x - lo) / np.where(hi > lo, hi - lo, 1), 0.0)
+        out = {"linear_sum": xs.sum(axis=1)}
+        out["logistic"] = LogisticRegression(C=c, max_iter=1000).fit(xs[tr], y[tr]).predict_proba(xs)[:, 1]
+        out["ridge"] = Ridge(alpha=alpha).fit(xs[tr], y[tr].astype(float)).predict(xs)
+        for name, u in out.items():
+            preds[(model, name)] = pd.Series(u, index=list(zip(g.run_id, g.item_id, strict=True)))
+            aucs[(model, name)] = roc_auc_score(y[~tr], u[~tr])
+    return preds, aucs
+
+
+@pytest.mark.parametrize(
+    "feats", [("n_output_tokens", "n_questions", "n_wait"), ("n_words", "n_wait", "n_hedges", "n_questions")]
+)
+def test_combiners_match_sklearn(store, feats):
+    ref = reference_scores(store)
+    want_pred, want_auc = _reference_combiners(ref, list(feats))
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        pred, _ = combiner_predictions(con, ["model"], {"features": feats})
+    finally:
+        con.close()
+    for (model, name), w in want_pred.items():
+        g = pred[(pred.model == model) & (pred.combiner == name)]
+        got = pd.Series(g.u.to_numpy(), index=list(zip(g.run_id, g.item_id, strict=True)))
+        assert list(got.index) == list(w.index)
+        np.testing.assert_allclose(got.to_numpy(), w.to_numpy(), rtol=1e-7, atol=1e-9, err_msg=name)
+    got = _compute(store, "unc_combiners", ["model"], {"features": feats}).set_index("model")
+    for (model, name), a in want_auc.items():
+        assert got.loc[model, f"auroc_{name}"] == pytest.approx(a, abs=TOL)
+    n_missing = ref.groupby("model").apply(lambda g: g[list(feats)].isna().any(axis=1).sum())
+    assert (got["n_missing_features"] == n_missing.reindex(got.index)).all()
+    assert (got["n_train"] + got["n_test"] + got["n_missing_features"] == got["n_rows"]).all()
+    if "n_output_tokens" in feats:
+        assert (got["n_missing_features"] > 0).all()  # NULL token counts are counted, not dropped
+
+
+def test_combiner_auroc_equals_sklearn_on_its_own_predictions(store):
+    """The SQL Mann-Whitney AUROC (average ranks for ties) against roc_auc_score."""
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        params = {"features": ("n_questions", "n_wait")}  # small integers: many tied scores
+        pred, _ = combiner_predictions(con, ["run_id"], params)
+        got = compute(con, "unc_combiners", ["run_id"], params).set_index("run_id")
+    finally:
+        con.close()
+    test = pred[~pred.is_train]
+    for (run_id, name), g in test.groupby(["run_id", "combiner"]):
+        assert got.loc[run_id, f"auroc_{name}"] == pytest.approx(roc_auc_score(g.incorrect, g.u), abs=TOL)
+    per = test.groupby(["run_id", "combiner"]).u
+    assert (per.nunique() < per.size() / 3).all()
+
+
+def test_combiners_single_class_and_empty(crafted):
+    """Crafted store: only q2~p0's sample 0 is correct. md5 puts q1~p2 (incorrect) alone below 0.3
+    and no item below 0.01."""
+    con = duckdb.connect(str(crafted), read_only=True)
+    try:
+        none = compute(con, "unc_combiners", ["model"], {"train_fraction": 0.01}).iloc[0]
+        one = compute(con, "unc_combiners", ["model"], {"train_fraction": 0.3}).iloc[0]
+    finally:
+        con.close()
+    assert (none.n_train, none.n_test, none.n_test_incorrect) == (0, 8, 7)
+    assert pd.isna(none.auroc_linear_sum) and pd.isna(none.auroc_logistic) and pd.isna(none.auroc_ridge)
+    assert (one.n_train, one.n_train_incorrect, one.n_test, one.n_test_incorrect) == (1, 1, 7, 6)
+    # one training class: no logistic fit; ridge and the scaled sum are constant -> AUROC 1/2 (ties)
+    assert pd.isna(one.auroc_logistic) and pd.isna(one.get("logistic_bias", np.nan))
+    assert one.auroc_ridge == pytest.approx(0.5) and one.auroc_linear_sum == pytest.approx(0.5)
+
+
+# ----------------------------------------------------------------------------- embeddings
+
+
+def _fake_embed(texts):
+    return np.stack(
+        [
+            np.random.default_rng(int(hashlib.md5(t.encode()).hexdigest()[:8], 16)).normal(size=6)
+            for t in texts
+        ]
+    )
+
+
+@pytest.mark.parametrize("pool", ["item", "base"])
+def test_embedding_scores_match_numpy(crafted, store, pool):
+    for path in (crafted, store):
+        con = duckdb.connect(str(path), read_only=True)
+        try:
+            got = embedding_scores(con, _fake_embed, by=["model"], pool=pool).set_index(["run_id", "item_id"])
+        finally:
+            con.close()
+        t = _tables(path)
+        p = (
+            t["predictions"]
+            .merge(t["runs"], on="run_id")
+            .merge(t["items"], on=["dataset_id", "config", "item_id"])
+        )
+        p["pool"] = p.item_id if pool == "item" else p.base_id
+        n_checked = 0
+        for _, g in p.groupby(["run_id", "pool"]):
+            ok = g[g.outcome != "error"]
+            e = _fake_embed(ok.raw_output.tolist())
+            e = e / np.linalg.norm(e, axis=1, keepdims=True)
+            ee = float(np.trace(np.atleast_2d(np.cov(e.T, bias=True))))
+            rds = float(np.abs(e - e.mean(axis=0)).sum())
+            for item in g.item_id.unique():
+                row = got.loc[(g.run_id.iloc[0], item)]
+                assert row.n_samples == len(g) and row.n_embedded == len(ok)
+                assert row.eigen_embed == pytest.approx(ee, abs=TOL)
+                assert row.rds == pytest.approx(rds, abs=TOL)
+                n_checked += 1
+        assert n_checked == len(got)
+    with pytest.raises(ValueError, match="shape"):
+        con = duckdb.connect(str(crafted), read_only=True)
+        try:
+            embedding_scores(con, lambda texts: np.zeros((1, 3)))
+        finally:
+            con.close()
