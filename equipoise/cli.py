@@ -480,6 +480,14 @@ def run_cmd(
     samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per item.")] = 1,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0)] = 0.0,
     max_tokens: Annotated[int, typer.Option("--max-tokens", min=1)] = 512,
+    thinking: Annotated[
+        bool | None,
+        typer.Option(
+            "--thinking/--no-thinking",
+            help="Switch the chat template's thinking mode on or off (Qwen3-style models; sent as "
+            "chat_template_kwargs.enable_thinking). Left out: the template's default, nothing sent.",
+        ),
+    ] = None,
     limit: Annotated[int | None, typer.Option("--limit", min=1, help="Only the first N items.")] = None,
     base_url: Annotated[
         str | None, typer.Option("--base-url", help="openai: any compatible endpoint.")
@@ -489,15 +497,53 @@ def run_cmd(
     commit_every: Annotated[
         int, typer.Option("--commit-every", min=1, help="Rows per transaction (a kill loses at most these).")
     ] = 32,
+    self_eval_of: Annotated[
+        str | None,
+        typer.Option(
+            "--self-eval-of",
+            metavar="RUN_ID",
+            help="Instead of answering, judge the sample-0 answers of this decision run (same dataset "
+            "and config) in new conversations, Correct / Incorrect (seed 003). Stored as a run with "
+            "prompt style self_eval:<the run's style>; --prompt is taken from that run.",
+        ),
+    ] = None,
+    other_judge: Annotated[
+        bool,
+        typer.Option(
+            "--other-judge",
+            help="--self-eval-of: allow --model to differ from the judged run's model (its verdicts "
+            "are still linked to that run and counted as self-evaluations).",
+        ),
+    ] = False,
+    parse_fallback_model: Annotated[
+        str | None,
+        typer.Option(
+            "--parse-fallback-model",
+            metavar="MODEL",
+            help="When no pattern parses a reply, ask this model (same --backend and --base-url) which "
+            "option it chose. Off by default; recorded per row as parse_method llm_fallback.",
+        ),
+    ] = None,
 ) -> None:
     """Run a model on a dataset config into the store. Rerunning the same command resumes: only
     missing (item, sample) rows are requested. API keys come from the environment only."""
     from equipoise.evaluators.backends.base import Decoding
     from equipoise.evaluators.ingest import DatasetVersionError, register
-    from equipoise.evaluators.runner import run
+    from equipoise.evaluators.runner import ParseFallback, run, run_self_eval
 
     if prompt not in ("base", "cot", "safe", "confidence", "fewshot"):
         _fail(f"--prompt must be base, cot, safe, confidence or fewshot, got {prompt!r}")
+    if self_eval_of is not None:
+        if backend == "reference":
+            _fail("--self-eval-of needs a model that writes verdicts (--backend openai or vllm)")
+        if prompt != "base":
+            _fail("--prompt is taken from the judged run; leave it out with --self-eval-of")
+        if samples != 1:
+            _fail("--self-eval-of takes one verdict per answer; leave --samples at 1")
+    if other_judge and self_eval_of is None:
+        _fail("--other-judge only applies with --self-eval-of")
+    if parse_fallback_model is not None and backend == "reference":
+        _fail("--parse-fallback-model needs --backend openai or vllm")
     folder = _dataset_folder(dataset)
     con = _connect(store)
     try:
@@ -505,58 +551,108 @@ def run_cmd(
             loaded = register(con, folder, config, location=dataset)
         except DatasetVersionError as exc:
             _fail(str(exc))
-        if backend == "reference":
-            from equipoise.evaluators.policies import ReferenceBackend
-
-            try:
-                be = ReferenceBackend(model, {loaded.item_id(r): r for r in loaded.records}, seed=seed)
-            except KeyError as exc:
-                _fail(str(exc.args[0]))
-        elif backend == "openai":
-            from equipoise.evaluators.backends.openai_backend import OpenAIBackend
-
-            be = OpenAIBackend(model, base_url=base_url, concurrency=concurrency)
-        elif backend == "vllm":
-            from equipoise.evaluators.backends.vllm_backend import VLLMBackend
-
-            be = VLLMBackend(model)
-        else:
-            _fail(f"--backend must be reference, openai or vllm, got {backend!r}")
-        decoding = Decoding(temperature=temperature, n=samples, max_tokens=max_tokens, seed=seed)
-        try:
-            summary = run(
-                con,
-                folder,
-                config,
-                be,
-                style=prompt,
-                decoding=decoding,
-                limit=limit,
-                loaded=loaded,
-                batch=commit_every,
-                pool_config=pool,
-                shots=shots,
+        be = _run_backend(backend, model, loaded, seed, base_url, concurrency)
+        fallback = None
+        if parse_fallback_model is not None:
+            fallback = ParseFallback(
+                _run_backend(backend, parse_fallback_model, loaded, seed, base_url, concurrency)
             )
+        decoding = Decoding(
+            temperature=temperature, n=samples, max_tokens=max_tokens, seed=seed, thinking=thinking
+        )
+        try:
+            if self_eval_of is not None:
+                summary = run_self_eval(
+                    con,
+                    folder,
+                    self_eval_of,
+                    be,
+                    decoding=decoding,
+                    limit=limit,
+                    batch=commit_every,
+                    loaded=loaded,
+                    parse_fallback=fallback,
+                    allow_other_model=other_judge,
+                )
+            else:
+                summary = run(
+                    con,
+                    folder,
+                    config,
+                    be,
+                    style=prompt,
+                    decoding=decoding,
+                    limit=limit,
+                    loaded=loaded,
+                    batch=commit_every,
+                    pool_config=pool,
+                    shots=shots,
+                    parse_fallback=fallback,
+                )
         except (ValueError, DatasetVersionError) as exc:
             _fail(str(exc))
-        acc = con.execute(
-            """SELECT avg(coalesce(p.parsed_label = i.target_label, false)::INT)
-               FROM predictions p JOIN runs r USING (run_id)
-               JOIN items i ON i.dataset_id = r.dataset_id AND i.config = r.config AND i.item_id = p.item_id
-               WHERE p.run_id = ?""",
-            [summary.run_id],
-        ).fetchall()[0][0]
+        if self_eval_of is not None:
+            verdicts = dict(
+                con.execute(
+                    "SELECT coalesce(parsed_label, 'no verdict'), count(*) FROM predictions "
+                    "WHERE run_id = ? GROUP BY ALL ORDER BY ALL",
+                    [summary.run_id],
+                ).fetchall()
+            )
+        else:
+            acc = con.execute(
+                """SELECT avg(coalesce(p.parsed_label = i.target_label, false)::INT)
+                   FROM predictions p JOIN runs r USING (run_id)
+                   JOIN items i ON i.dataset_id = r.dataset_id AND i.config = r.config
+                    AND i.item_id = p.item_id
+                   WHERE p.run_id = ?""",
+                [summary.run_id],
+            ).fetchall()[0][0]
     finally:
         con.close()
     console.print(
         f"run {summary.run_id}: requested {summary.requested} item(s), wrote {summary.written} row(s), "
         f"{summary.skipped_existing} already stored"
     )
+    if self_eval_of is not None:
+        console.print(
+            f"self-evaluation of {self_eval_of}: "
+            + ", ".join(f"{k} {v}" for k, v in verdicts.items())
+            + (
+                f"; {summary.skipped_no_answer} answer(s) were errors, not judged"
+                if summary.skipped_no_answer
+                else ""
+            )
+        )
+        return
     console.print(
         "outcomes: "
         + ", ".join(f"{k} {v}" for k, v in summary.outcomes.items())
         + (f"; accuracy {acc:.3f}" if acc is not None else "")
     )
+
+
+def _run_backend(
+    backend: str, model: str, loaded: Any, seed: int, base_url: str | None, concurrency: int
+) -> Any:
+    """The backend object `equipoise run` asked for (exits with one line on a bad name)."""
+    if backend == "reference":
+        from equipoise.evaluators.policies import ReferenceBackend
+
+        try:
+            return ReferenceBackend(model, {loaded.item_id(r): r for r in loaded.records}, seed=seed)
+        except KeyError as exc:
+            _fail(str(exc.args[0]))
+    if backend == "openai":
+        from equipoise.evaluators.backends.openai_backend import OpenAIBackend
+
+        return OpenAIBackend(model, base_url=base_url, concurrency=concurrency)
+    if backend == "vllm":
+        from equipoise.evaluators.backends.vllm_backend import VLLMBackend
+
+        return VLLMBackend(model)
+    _fail(f"--backend must be reference, openai or vllm, got {backend!r}")
+    raise AssertionError  # unreachable: _fail exits
 
 
 @app.command("import")
@@ -644,6 +740,14 @@ def metrics(
     ] = None,
     by: Annotated[list[str] | None, typer.Option("--by", help="Group by these strata (repeatable).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="md | csv | json")] = "md",
+    param: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--param",
+            help="KEY=VALUE metric parameter (repeatable), e.g. alpha=0.05, confidence=token_mean, "
+            "n_boot=2000. Given to every selected metric that declares KEY; see --list.",
+        ),
+    ] = None,
     list_only: Annotated[bool, typer.Option("--list", help="List the registered metrics and exit.")] = False,
 ) -> None:
     """Compute registered metrics in SQL over a store, grouped by any strata (model, suite, variant,
@@ -655,21 +759,34 @@ def metrics(
     _load_all()
     if list_only:
         for name, m in sorted(REGISTRY.items()):
+            params = ", ".join(f"{k}={v}" for k, v in m.params.items())
             console.print(f"[bold]{name}[/] ({m.sql or 'python over SQL'}): {m.description}")
+            if params:
+                console.print(f"    params: {params}", highlight=False)
         console.print(f"strata for --by: {', '.join(STRATA)}")
         return
     names = metric or sorted(REGISTRY)
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
         _fail(f"unknown metric(s) {unknown}; see equipoise metrics --list")
+    given = _parse_params(param or [])
+    unused = [k for k in given if not any(k in REGISTRY[n].params for n in names)]
+    if unused:
+        _fail(f"no selected metric takes parameter(s) {unused}; see equipoise metrics --list")
+    from equipoise.evaluators.metrics.registry import prepare
+
     con = _connect(store, read_only=True)
     out: dict[str, Any] = {}
     try:
+        prepare(con, materialize=True)  # the base joins once for all metrics, not once per metric
         for name in names:
+            mine = {k: v for k, v in given.items() if k in REGISTRY[name].params}
             try:
-                df = compute(con, name, by=by)
+                df = compute(con, name, by=by, params=mine)
             except KeyError as exc:
                 _fail(str(exc.args[0]))
+            except (ValueError, TypeError) as exc:
+                _fail(f"{name}: {exc}")
             except duckdb.Error as exc:
                 _fail(f"{name}: {str(exc).splitlines()[0]}")
             out[name] = df
@@ -685,6 +802,26 @@ def metrics(
     else:
         for name, df in out.items():
             sys.stdout.write(f"## {name}\n\n{_md_table(df)}\n\n")
+
+
+def _parse_params(items: list[str]) -> dict[str, object]:
+    """KEY=VALUE strings to typed values: int, then float, then true/false, else the string."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            _fail(f"--param '{item}': expected KEY=VALUE")
+        value: object = raw
+        for cast in (int, float):
+            try:
+                value = cast(raw)
+                break
+            except ValueError:
+                continue
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        out[key.strip()] = value
+    return out
 
 
 @app.command()

@@ -6,6 +6,7 @@ counted, never silently scored as a wrong answer.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -24,7 +25,9 @@ _SYNONYMS = {
 @dataclass(frozen=True)
 class Parsed:
     label: str | None
-    method: str  # answer_line | bracket | whole_reply | last_mention | unparsed
+    # answer_line | bracket | whole_reply | last_mention | option_text | leading_word | refusal
+    # | llm_fallback | llm_fallback_failed | unparsed (the runner adds 'error')
+    method: str
 
 
 def _norm(fragment: str, labels: tuple[str, ...]) -> str | None:
@@ -144,3 +147,107 @@ def parse_answer(text: str, labels: tuple[str, ...], option_texts: dict[str, str
     if p.label is None and _REFUSAL.search(text or ""):
         return Parsed(None, "refusal")
     return p
+
+
+# ---------------------------------------------------------------------------------------------
+# Self-evaluation verdicts (seed 003): 'Correct' / 'Incorrect'
+# ---------------------------------------------------------------------------------------------
+VERDICTS = ("Correct", "Incorrect")
+_VERDICT_KEYS = r"(?:final verdict|verdict|final answer|answer|judgment|judgement|evaluation|assessment)"
+# "not correct", "isn't correct", "no, correct ..." say the opposite of the word they contain, so a
+# fragment holding a negation is never read by mention: only an exact 'Correct'/'Incorrect' counts.
+_NEGATION = re.compile(r"(?<![a-z])(?:not|no|never|neither|nor)(?![a-z])|n't", re.IGNORECASE)
+
+
+def _leading_verdict(line: str) -> str | None:
+    """'**Incorrect** - the total is 2' -> 'Incorrect': the first word, past markdown, is a verdict."""
+    m = re.match(r"^[\s\*\"'`#>_\-]*([A-Za-z]+)(?![A-Za-z])", line)
+    return _norm(m.group(1), VERDICTS) if m else None
+
+
+def _verdict_in(fragment: str) -> str | None:
+    """The verdict a short fragment states: exactly a label, or one unnegated label mention."""
+    lab = _norm(fragment, VERDICTS) or _leading_verdict(fragment)
+    if lab is not None:
+        return lab
+    if _NEGATION.search(fragment):
+        return None
+    found = {x for _, x in _mentions(fragment, VERDICTS)}
+    return found.pop() if len(found) == 1 else None
+
+
+def parse_verdict(text: str) -> Parsed:
+    """Read a self-evaluation reply as 'Correct' / 'Incorrect', or unparsed.
+
+    Order: the last 'Verdict: X' line (also Answer / Judgment / Evaluation / Assessment), the last
+    '[X]', a reply that is only the verdict, then a verdict as the first word of the first or last line
+    ('Incorrect. The score is ...'), used only when those agree. Looser readings (the last mention
+    anywhere) are refused because explanations routinely say 'the answer would be correct if ...'.
+    """
+    if not text or not text.strip():
+        return Parsed(None, "unparsed")
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        m = re.search(_VERDICT_KEYS + r"\s*[:：\-]\s*(.+)$", ln, flags=re.IGNORECASE)
+        if m:
+            lab = _verdict_in(m.group(1))
+            if lab is not None:
+                return Parsed(lab, "answer_line")
+    for frag in reversed(re.findall(r"\[([^\[\]]{1,20})\]", text)):
+        lab = _norm(frag, VERDICTS)
+        if lab:
+            return Parsed(lab, "bracket")
+    lab = _norm(text, VERDICTS)
+    if lab:
+        return Parsed(lab, "whole_reply")
+    firsts = {lab for lab in (_leading_verdict(lines[0]), _leading_verdict(lines[-1])) if lab}
+    if len(firsts) == 1:
+        return Parsed(firsts.pop(), "leading_word")
+    return Parsed(None, "unparsed")
+
+
+# ---------------------------------------------------------------------------------------------
+# Optional LLM fallback: another model reads the reply when every regex failed
+# ---------------------------------------------------------------------------------------------
+# Kept here (not in the YAML templates) because its job is parsing, not eliciting an answer; its hash
+# enters the run id of any run that uses it, so a changed wording is a different run.
+FALLBACK_SYSTEM = (
+    "You read a reply that someone else wrote to a question with fixed answer options and report which "
+    "option the reply chose. Do not answer the question yourself and do not judge whether the reply is right."
+)
+FALLBACK_USER = (
+    "Answer options:\n{options}\n\n"
+    "The reply (between the markers):\n<<<REPLY\n{reply}\nREPLY>>>\n\n"
+    "Which option did the reply give as its final answer? Write only that option's label exactly as "
+    "listed ({labels}). If the reply chose no option, or more than one, write NONE."
+)
+FALLBACK_SHA256 = hashlib.sha256(f"{FALLBACK_SYSTEM}\n{FALLBACK_USER}".encode()).hexdigest()
+FALLBACK_METHOD = "llm_fallback"
+FALLBACK_FAILED = "llm_fallback_failed"
+_FALLBACK_MAX_CHARS = 6000  # the final answer sits at the end of a long reasoning; keep the tail
+
+
+def fallback_messages(
+    raw: str, labels: tuple[str, ...], option_texts: dict[str, str] | None = None
+) -> list[dict[str, str]]:
+    """The chat messages asking a helper model which of ``labels`` the reply ``raw`` chose."""
+    reply = raw if len(raw) <= _FALLBACK_MAX_CHARS else "[...] " + raw[-_FALLBACK_MAX_CHARS:]
+    opts = "\n".join(
+        f"{lab}. {option_texts[lab]}" if option_texts and lab in option_texts else lab for lab in labels
+    )
+    user = FALLBACK_USER.format(options=opts, reply=reply, labels=", ".join(labels))
+    return [{"role": "system", "content": FALLBACK_SYSTEM}, {"role": "user", "content": user}]
+
+
+def read_fallback_reply(reply: str, labels: tuple[str, ...]) -> str | None:
+    """The label a helper's reply names, or None (NONE, an off-list label, several, chatter).
+
+    Strict on purpose: only a reply that *is* a label (modulo markdown and punctuation), an
+    'Answer: X' line or '[X]' counts. Anything looser would let the helper's own prose be misread.
+    """
+    reply = reply.strip().strip("*_` ")
+    if labels == VERDICTS:
+        p = parse_verdict(reply)
+        return p.label if p.method in ("answer_line", "bracket", "whole_reply") else None
+    p = parse_answer(reply, labels)
+    return p.label if p.method in ("answer_line", "bracket", "whole_reply") else None
