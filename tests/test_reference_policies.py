@@ -6,6 +6,7 @@ import shutil
 from collections import defaultdict
 
 import duckdb
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -13,7 +14,7 @@ from equipoise.builders.clindet_suite import read_cases
 from equipoise.cli import app
 from equipoise.evaluators.parsing import DECISION, parse_answer
 from equipoise.evaluators.policies import POLICIES, policies_for
-from equipoise.evaluators.reference_run import DETERMINABILITY_SQL, run_reference_policies
+from equipoise.evaluators.reference_run import DETERMINABILITY_SQL, SAMPLES, run_reference_policies
 from equipoise.evaluators.store import connect, scalar
 
 
@@ -60,10 +61,11 @@ def test_sql_metrics_equal_a_python_recount(store, small_clindet):
     acc: dict = defaultdict(lambda: [0, 0])
     for name in policies_for("determinability"):
         for c in cases:
-            parsed = parse_answer(POLICIES[name](c, 0, 0).text, DECISION)
-            k = (f"reference:{name}", c.condition)
-            acc[k][0] += parsed.label == c.label
-            acc[k][1] += 1
+            for sample in range(SAMPLES.get(name, 1)):
+                parsed = parse_answer(POLICIES[name](c, 0, sample).text, DECISION)
+                k = (f"reference:{name}", c.condition)
+                acc[k][0] += parsed.label == c.label
+                acc[k][1] += 1
     s = _summary(store)
     for k, (hit, n) in acc.items():
         assert s[k]["n"] == n
@@ -119,7 +121,8 @@ def test_sql_command_is_read_only(store):
     ok = runner.invoke(
         app, ["sql", "--store", str(store), "--format", "json", "SELECT count(*) AS n FROM runs"]
     )
-    assert ok.exit_code == 0 and '"n": 5' in ok.output, ok.output
+    n_runs = len(policies_for("determinability"))
+    assert ok.exit_code == 0 and f'"n": {n_runs}' in ok.output, ok.output
     for q in (
         "DELETE FROM predictions",
         "CREATE TABLE x (a INT)",
@@ -129,5 +132,35 @@ def test_sql_command_is_read_only(store):
         res = runner.invoke(app, ["sql", "--store", str(store), q])
         assert res.exit_code == 2, q
     con = duckdb.connect(str(store), read_only=True)
-    assert con.execute("SELECT count(*) FROM runs").fetchall()[0][0] == 5
+    assert con.execute("SELECT count(*) FROM runs").fetchall()[0][0] == len(policies_for("determinability"))
     con.close()
+
+
+def test_calibrated_policy_is_calibrated_by_construction(small_clindet):
+    """The target is drawn from the policy's own probabilities, so in every confidence bin the greedy
+    answer's accuracy matches its mean confidence up to sampling error (a binomial z-test per bin)."""
+    cases = read_cases(small_clindet, "all")
+    conf, hit = [], []
+    for seed in range(40):
+        for c in cases:
+            r = POLICIES["calibrated"](c, seed, 0)
+            label = parse_answer(r.text, DECISION).label
+            assert label == max(r.probs, key=r.probs.get)  # sample 0 is the greedy answer
+            assert sum(r.probs.values()) == pytest.approx(1.0, abs=1e-12)
+            conf.append(r.probs[label])
+            hit.append(label == c.label)
+    conf_a, hit_a = np.array(conf), np.array(hit, dtype=float)
+    assert len(conf_a) > 2000 and 0.4 < conf_a.mean() < 0.9
+    for lo in np.arange(0.3, 1.0, 0.1):
+        m = (conf_a >= lo) & (conf_a < lo + 0.1)
+        if m.sum() < 100:
+            continue
+        p = conf_a[m].mean()
+        z = (hit_a[m].mean() - p) / np.sqrt(p * (1 - p) / m.sum())
+        assert abs(z) < 4.5, (lo, m.sum(), hit_a[m].mean(), p)
+    # further samples are draws from the same probabilities, so they disagree with sample 0 sometimes
+    spreads = [
+        len({parse_answer(POLICIES["calibrated"](c, 0, s).text, DECISION).label for s in range(40)})
+        for c in cases[:10]
+    ]
+    assert max(spreads) > 1

@@ -12,6 +12,13 @@ score 100%).
 - ``impute_normal`` (determinability only): unstated findings taken as normal, then decided --
   ClinDet's dominant error (81.6% of CoT errors were imputation of missing information).
 - ``oracle``: the proved label / the item's target.
+- ``calibrated``: a simulated model that is calibrated *by construction*, so calibration, selective
+  prediction and conformal metrics have a non-degenerate reference with a known answer. Per item it
+  draws a probability vector q (softmax of Gaussian logits, seeded by the item), then places the
+  item's target on position j with probability q_j and the other labels on the remaining positions
+  at random. So P(target = o | q) = q_o exactly: the confidence of any option is its true chance of
+  being right, and ECE is zero in expectation. Sample 0 answers with the most probable option (the
+  greedy answer); further samples are draws from q (the sampled answers of seed 002 appendix G).
 
 Zero-probability options are stored with the log-probability floor ``LOG_FLOOR`` (documented, so a
 one-hot policy still has finite scores for SQL softmax).
@@ -111,12 +118,41 @@ def oracle(rec: Record, seed: int, sample: int = 0) -> PolicyResponse:
     return _one_hot(_labels(rec), rec.target_label, "Policy: oracle.")
 
 
+CALIBRATED_LOGIT_SD = 1.6  # spread of the simulated logits: max probabilities range over ~0.3-0.99
+
+
+def calibrated(rec: Record, seed: int, sample: int = 0) -> PolicyResponse:
+    if isinstance(rec, DeterminabilityCase):
+        key, target = rec.case_id, rec.label
+    else:
+        key, target = rec.item_id, rec.target_label
+    labels = _labels(rec)
+    rng = random.Random(sub_seed("calibrated", seed, key))
+    logits = [rng.gauss(0.0, CALIBRATED_LOGIT_SD) for _ in labels]
+    top = max(logits)
+    weights = [math.exp(v - top) for v in logits]
+    total = sum(weights)
+    q = [w / total for w in weights]
+    # the target sits on position j with probability q_j; the other labels fill the rest at random
+    j = rng.choices(range(len(q)), weights=q)[0]
+    others = [lab for lab in labels if lab != target]
+    rng.shuffle(others)
+    order = [*others[:j], target, *others[j:]]
+    probs = dict(zip(order, q, strict=True))
+    if sample == 0:
+        label = order[max(range(len(q)), key=q.__getitem__)]
+    else:
+        label = random.Random(sub_seed("calibrated-sample", seed, key, sample)).choices(order, weights=q)[0]
+    return PolicyResponse(f"Policy: simulated calibrated model.\nAnswer: {label}", probs)
+
+
 POLICIES: dict[str, Callable[[Record, int, int], PolicyResponse]] = {
     "chance": chance,
     "always_answer": always_answer,
     "always_abstain": always_abstain,
     "impute_normal": impute_normal,
     "oracle": oracle,
+    "calibrated": calibrated,
 }
 ALIASES = {"always_decide": "always_answer"}
 

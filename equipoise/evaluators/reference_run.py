@@ -12,6 +12,11 @@ from equipoise.evaluators.ingest import register
 from equipoise.evaluators.policies import ReferenceBackend, policies_for
 from equipoise.evaluators.runner import RunSummary, run
 
+# samples per item: the simulated calibrated model also gives sampled answers (sample 0 is its
+# greedy answer), so sampling-based scores (consistency, semantic entropy, sampling conformal sets)
+# have data on the main job's store
+SAMPLES: dict[str, int] = {"calibrated": 5}
+
 
 def eval_configs(folder: Path) -> list[str]:
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
@@ -43,7 +48,7 @@ def run_reference_policies(
                     config,
                     backend,
                     style="base",
-                    decoding=Decoding(n=1, seed=seed),
+                    decoding=Decoding(n=SAMPLES.get(name, 1), seed=seed),
                     progress=progress,
                     loaded=loaded,
                 )

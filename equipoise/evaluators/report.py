@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute
+from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare
 
 
 @dataclass
@@ -91,9 +91,120 @@ def plot_determinability(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
     return True
 
 
+def _legend_right(ax: plt.Axes) -> None:
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+
+
+def plot_reliability(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
+    """Reliability diagram: accuracy against mean confidence per bin, one line per model; bins with
+    no predictions are left out rather than drawn at zero."""
+    df = compute(con, "reliability", ["model"])
+    df = df[df.n > 0]
+    if df.empty:
+        return False
+    fig, ax = plt.subplots(figsize=(6.8, 4.8))
+    ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--", label="perfect calibration")
+    for model, g in df.groupby("model"):
+        g = g.sort_values("bin")
+        ax.plot(g.mean_confidence, g.accuracy, marker="o", ms=4, label=_short(model))
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("confidence: probability of the chosen option (10 equal-width bins)")
+    ax.set_ylabel("accuracy in bin")
+    ax.set_title("Reliability diagram (all suites)")
+    ax.grid(alpha=0.3)
+    _legend_right(ax)
+    _save(fig, path)
+    return True
+
+
+def plot_risk_coverage(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
+    """Selective prediction: error rate among the accepted answers as coverage grows."""
+    df = compute(con, "risk_coverage", ["model"])
+    if df.empty:
+        return False
+    aurc = compute(con, "aurc", ["model"]).set_index("model").aurc
+    fig, ax = plt.subplots(figsize=(6.8, 4.8))
+    for model, g in df.groupby("model"):
+        g = g.sort_values("coverage")
+        label = f"{_short(model)} (AURC {aurc.get(model, float('nan')):.3f})"
+        ax.step(g.coverage, g.risk, where="post", marker=".", ms=3, label=label)
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("coverage (share of predictions accepted, most confident first)")
+    ax.set_ylabel("risk (error rate of accepted)")
+    ax.set_title("Risk-coverage curves (all suites)")
+    ax.grid(alpha=0.3)
+    _legend_right(ax)
+    _save(fig, path)
+    return True
+
+
+def plot_humility_deficit(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
+    """CLEAR: accuracy with the gold present minus abstention with it absent, per model, k and framing."""
+    df = compute(con, "humility_deficit", ["model"])
+    df = df[df.humility_deficit.notna()]
+    if df.empty:
+        return False
+    framings = [f for f in ("NA", "IDK", "INA") if f in set(df.framing)]
+    fig, axes = plt.subplots(1, len(framings), figsize=(3.6 * len(framings) + 1.6, 4), sharey=True)
+    axes = [axes] if len(framings) == 1 else list(axes)
+    for ax, framing in zip(axes, framings, strict=True):
+        sub = df[df.framing == framing]
+        for model, g in sub.groupby("model"):
+            g = g.sort_values("k")
+            ax.plot(g.k, g.humility_deficit, marker="o", label=_short(model))
+        ax.axhline(0, color="grey", lw=1)
+        ax.set_xticks(sorted(sub.k.unique()))
+        ax.set_xlabel("distractors k")
+        ax.set_title(f"gold replaced by {framing}", fontsize=10)
+        ax.set_ylim(-1.05, 1.05)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("humility deficit (accuracy - abstention)")
+    _legend_right(axes[-1])
+    fig.suptitle("CLEAR humility deficit per model: above 0, the model knows more than it admits not knowing")
+    _save(fig, path)
+    return True
+
+
+SET_SIZE_SUITES = ("medabstain", "nota", "calc-mcq", "shuffle")
+
+
+def plot_set_size_by_variant(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
+    """Conformal (LAC) mean set size per variant, one bar per model, with the test coverage on top."""
+    df = compute(con, "conformal_lac", ["model", "suite", "variant"])
+    df = df[df.suite.isin(SET_SIZE_SUITES) & df.set_size_mean.notna()]
+    if df.empty:
+        return False
+    suites = [s for s in SET_SIZE_SUITES if s in set(df.suite)]
+    models = sorted(df.model.unique())
+    fig, axes = plt.subplots(1, len(suites), figsize=(3.8 * len(suites) + 1.6, 4.4), sharey=True)
+    axes = [axes] if len(suites) == 1 else list(axes)
+    width = 0.8 / len(models)
+    for ax, suite in zip(axes, suites, strict=True):
+        sub = df[df.suite == suite]
+        variants = sorted(sub.variant.unique())
+        for j, model in enumerate(models):
+            g = sub[sub.model == model].set_index("variant").reindex(variants)
+            xs = [i + j * width for i in range(len(variants))]
+            ax.bar(xs, g.set_size_mean, width, label=_short(model))
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(variants))], variants, rotation=25, fontsize=8)
+        ax.set_title(suite, fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].set_ylabel("mean LAC set size (alpha = 0.1)")
+    _legend_right(axes[-1])
+    fig.suptitle("Conformal prediction set size by variant (split conformal, 30/70, mean over splits)")
+    _save(fig, path)
+    return True
+
+
 PLOTS: dict[str, tuple[tuple[str, ...], Callable[[duckdb.DuckDBPyConnection, Path], bool]]] = {
     "accuracy_vs_abstention_by_k.png": (("answer_rates",), plot_accuracy_vs_abstention_by_k),
     "determinability_by_condition.png": (("answer_rates",), plot_determinability),
+    "reliability_diagram.png": (("reliability",), plot_reliability),
+    "risk_coverage.png": (("risk_coverage", "aurc"), plot_risk_coverage),
+    "humility_deficit.png": (("humility_deficit",), plot_humility_deficit),
+    "set_size_by_variant.png": (("conformal_lac",), plot_set_size_by_variant),
 }
 
 
@@ -103,6 +214,7 @@ def write_report(store: Path, out: Path) -> Report:
     rep = Report(out)
     con = duckdb.connect(str(store), read_only=True)
     try:
+        prepare(con, materialize=True)  # the base joins once for every table and plot
         for name in sorted(REGISTRY):
             try:
                 df: pd.DataFrame = compute(con, name)
