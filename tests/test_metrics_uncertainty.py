@@ -748,3 +748,39 @@ def test_embedding_scores_match_numpy(crafted, store, pool):
             embedding_scores(con, lambda texts: np.zeros((1, 3)))
         finally:
             con.close()
+
+
+# ----------------------------------------------------------------------------- unc_auroc
+
+
+@pytest.mark.parametrize("pool", ["item", "base"])
+def test_score_auroc_matches_sklearn(store, pool):
+    """Per (model, config) and score: sklearn's AUROC of the score for NOT correct, on the items
+    where the independent reference defines the score; undefined items are only counted."""
+    got = _compute(store, "unc_auroc", ["model", "config"], {"pool": pool})
+    want = reference_scores(store, pool)
+    assert set(got.score) == set(UNCERTAINTY_COLUMNS)
+    checked = 0
+    for (model, config, score), row in got.set_index(["model", "config", "score"]).iterrows():
+        w = want[(want.model == model) & (want.config == config)]
+        u = pd.to_numeric(w[score], errors="coerce").to_numpy(dtype=float)
+        y = (~w.correct.astype(bool)).to_numpy()
+        ok = ~np.isnan(u)
+        assert row.n_items == len(w) and row.n == ok.sum() and row.n_undefined == (~ok).sum()
+        assert row.n_incorrect == y[ok].sum()
+        if 0 < y[ok].sum() < ok.sum():
+            assert row.auroc == pytest.approx(roc_auc_score(y[ok], u[ok]), abs=1e-12), (model, config, score)
+            checked += 1
+        else:
+            assert pd.isna(row.auroc)
+    assert checked >= 20
+
+
+def test_score_auroc_single_class_is_null(crafted):
+    got = _compute(crafted, "unc_auroc", [], {"scores": ["avg_nll"]})
+    assert len(got) == 1
+    row = got.iloc[0]
+    if row.n_incorrect in (0, row.n):
+        assert pd.isna(row.auroc)
+    else:
+        assert 0.0 <= row.auroc <= 1.0

@@ -43,6 +43,10 @@ semantic-equivalence class (seed 002 4.1, seed 004 3.3).
   one sequence are one outcome, else ten identical confident answers would score ln 10). This is the
   seed's plain entropy, not the top-K lower bound with an adaptive threshold of the PRO authors' code.
 
+``unc_auroc`` ranks every uncertainty score against correctness: the AUROC for detecting incorrect
+sample-0 answers (the discrimination number seeds 002 and 004 report per method), with undefined
+scores counted rather than silently dropped.
+
 EigenEmbed and RDS need an external sentence encoder: :func:`embedding_scores` computes them for any
 ``embed(texts) -> array`` callable (not registered as a metric, since it cannot run without one).
 """
@@ -203,6 +207,18 @@ def _normalized(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict)
         holdout_fraction=repr(_fraction(params, "holdout_fraction")),
         upper_quantile=repr(q),
         keep="true" if params["include_holdout"] else "NOT in_holdout",
+    )
+    return con.execute(sql).df()
+
+
+def _auroc(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
+    sql = _wrapped(
+        "unc_auroc",
+        by,
+        params,
+        score_casts=", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
+        score_list=", ".join(cols),
     )
     return con.execute(sql).df()
 
@@ -419,6 +435,18 @@ register(
             "alpha": 1.0,
         },
         compute_fn=_combiners,
+    )
+)
+register(
+    Metric(
+        name="unc_auroc",
+        description="AUROC of every uncertainty score for detecting incorrect sample-0 answers "
+        "(rank-sum, ties averaged; undefined scores counted, not ranked)",
+        sql="unc_auroc.sql",
+        needs=("predictions", "option_scores"),
+        default_by=("model",),
+        params={"pool": "item", "scores": UNCERTAINTY_COLUMNS},
+        compute_fn=_auroc,
     )
 )
 register(
