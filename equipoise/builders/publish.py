@@ -9,6 +9,11 @@ Two targets share one layout (README.md with a ``configs:`` block, ``data/<confi
 - a local directory tree ``ROOT/<org>/<name>/<version>/`` that ``load_dataset(PATH, config)`` reads
   offline.
 
+Image files of VQA suites (``images/<sha256>.<ext>``) are listed in the manifest, so they are uploaded,
+copied, fetched and re-hashed with everything else.  A row's ``image`` is a path relative to the
+dataset root: :func:`image_path` resolves it in a local or fetched folder; from the Hub,
+``hf_hub_download(repo_id, row["image"], repo_type="dataset", revision=version)`` gets one file.
+
 A version is immutable: publishing different bytes under an existing version is refused, publishing the
 same bytes again is a no-op.  The folder is re-hashed against its manifest before anything is sent, and
 a fetched version is re-hashed after download (offline mode can hand back a cached *other* revision).
@@ -39,6 +44,10 @@ REPO_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 # files the Hub adds by itself; never part of a version's content
 HUB_OWN_FILES = frozenset({".gitattributes"})
+# images are stored once per dataset, named by their content; an item's ``image`` is that path
+IMAGE_DIR = "images"
+IMAGE_RE = re.compile(r"^images/([0-9a-f]{64})\.(png|jpg|gif|bmp|webp)$")
+EXTERNAL_IMAGE = ("http://", "https://", "data:")  # image values that are not files of the dataset
 
 
 class PublishError(RuntimeError):
@@ -401,6 +410,44 @@ def load_config(folder: Path, config: str, split: str = "test", *, cache_dir: Pa
     return datasets.load_dataset(
         str(folder), config, split=split, cache_dir=str(root / f"equipoise-{digest}")
     )
+
+
+def image_path(folder: Path, image: str, *, verify: bool = True) -> Path:
+    """The file a row's ``image`` names inside a dataset folder (a build, a local publish or a fetched
+    snapshot), checked to be a file the manifest lists; with ``verify`` its sha256 is re-checked too.
+
+    Why not ``folder / image`` directly: the column is data, so a path leaving the folder is refused,
+    and a missing or altered image fails here, by name, instead of later inside a model backend.
+    """
+    folder = Path(folder)
+    if image.startswith(EXTERNAL_IMAGE):
+        raise PublishError(f"{image[:40]!r}...: an external image (URL or data URI), not a dataset file")
+    try:
+        rel = _safe_rel(image)
+    except PublishError:
+        raise PublishError(f"{image!r}: not a path inside the dataset") from None
+    try:
+        listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("files", {})
+    except (OSError, json.JSONDecodeError) as exc:
+        raise IntegrityError(f"{folder}: cannot read {MANIFEST}", [str(exc)]) from None
+    path = folder / rel
+    if rel not in listed:
+        raise IntegrityError(f"{folder}: image {rel} is not listed in {MANIFEST}", [f"{path}: not listed"])
+    if not path.is_file():
+        raise IntegrityError(f"{folder}: image {rel} is missing", [f"{path}: missing"])
+    if verify and sha256_file(path) != listed[rel]:
+        raise IntegrityError(f"{folder}: image {rel} does not match {MANIFEST}", [f"{path}: sha256 mismatch"])
+    return path
+
+
+def open_image(folder: Path, image: str) -> Any:
+    """``PIL.Image.open`` of :func:`image_path` (Pillow is imported here only; it is an optional
+    dependency, installed with the ``vllm`` extra)."""
+    try:
+        from PIL import Image
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("open_image needs Pillow: pip install pillow") from exc
+    return Image.open(image_path(folder, image))
 
 
 def _hub_offline() -> bool:

@@ -7,6 +7,11 @@ Checks, in order, each reported with the file it concerns:
 3. row counts equal the manifest's;
 4. suite-specific: ClinDet labels are re-proved by the engine; MCQ few-shot pools share no base item
    and no question text with the evaluation configs (leakage).
+
+Images (VQA suites) are files of the dataset like the Parquet configs: check 1 covers a missing or
+altered image; in addition a file under ``images/`` that the manifest does not list is reported (it
+would be published nowhere and hide a mismatch), every listed image must be named by its own sha256
+(content address), and every ``image`` an MCQ row names must be a listed file.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import pyarrow.parquet as pq
 from pydantic import ValidationError
 
 from equipoise.builders.dataset_writer import verify_dataset
+from equipoise.builders.publish import EXTERNAL_IMAGE, IMAGE_DIR, IMAGE_RE
 from equipoise.schemas.clindet import DeterminabilityCase
 from equipoise.schemas.items import MCQItem
 
@@ -115,6 +121,19 @@ def _case_frame(rows: list[dict]) -> pd.DataFrame:
     return df
 
 
+def _dangling_images(path: Path, items: list[MCQItem], listed: dict[str, str]) -> list[str]:
+    """Rows whose ``image`` is not a file of this dataset (a reader would find nothing there); the
+    first few per config, plus a count."""
+    bad = [
+        f"{path}: row {i} ({it.item_id}): image {it.image!r} is not a file listed in manifest.json"
+        for i, it in enumerate(items)
+        if it.image and not it.image.startswith(EXTERNAL_IMAGE) and it.image not in listed
+    ]
+    if len(bad) > 5:
+        return [*bad[:5], f"{path}: {len(bad) - 5} more row(s) name images the dataset does not hold"]
+    return bad
+
+
 def _norm_q(q: str) -> str:
     return re.sub(r"\W+", " ", q.lower()).strip()
 
@@ -125,13 +144,37 @@ def _source_question(item: MCQItem) -> str:
     return _norm_q(original or item.question)
 
 
+def image_file_problems(folder: Path, listed: dict[str, str]) -> list[str]:
+    """Unlisted files under ``images/`` and listed images not named by their sha256, each naming the file."""
+    problems = []
+    image_dir = folder / IMAGE_DIR
+    if image_dir.is_dir():
+        for p in sorted(image_dir.rglob("*")):
+            rel = p.relative_to(folder).as_posix()
+            if p.is_file() and rel not in listed:
+                problems.append(f"{p}: image file not listed in manifest.json (extra file)")
+    for rel, digest in listed.items():
+        if rel.startswith(f"{IMAGE_DIR}/"):
+            m = IMAGE_RE.fullmatch(rel)
+            if m is None or m.group(1) != digest:
+                problems.append(f"{folder / rel}: image is not named images/<its sha256>.<ext>")
+    return problems
+
+
 def validate_folder(folder: Path, reprove: bool = True) -> ValidationReport:
     rep = ValidationReport(folder)
     rep.problems.extend(verify_dataset(folder))
+    try:  # read even when a hash failed, so an unlisted image is named alongside
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return rep  # verify_dataset has reported it
+    listed: dict[str, str] = manifest.get("files", {})
+    rep.problems.extend(image_file_problems(folder, listed))
     if rep.problems:
         return rep
     rep.checks.append("sha256 of every file matches the manifest")
-    manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    if any(rel.startswith(f"{IMAGE_DIR}/") for rel in listed):
+        rep.checks.append("images/ holds exactly the listed images, each named by its sha256")
     rep.suite = manifest.get("suite", "?")
     model = DeterminabilityCase if rep.suite == "clindet" else MCQItem
     loaded: dict[str, list] = {}
@@ -163,9 +206,13 @@ def validate_folder(folder: Path, reprove: bool = True) -> ValidationReport:
                 rep.problems.append(f"{path}: row {i}: field '{'.'.join(map(str, e['loc']))}': {e['msg']}")
                 break
         loaded[name] = objs
+        if model is MCQItem:
+            rep.problems.extend(_dangling_images(path, objs, listed))
     if rep.problems:
         return rep
     rep.checks.append("every config passes its pandera frame schema and re-validates row by row")
+    if model is MCQItem and any(i.image for rows in loaded.values() for i in rows):
+        rep.checks.append("every image an item names is a listed file of the dataset")
     if model is DeterminabilityCase and reprove:
         from equipoise.scoring_systems.engine import evaluate
         from equipoise.scoring_systems.loader import get_system

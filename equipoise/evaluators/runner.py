@@ -279,6 +279,16 @@ def _decoding_json(decoding: Decoding, extra: dict[str, object]) -> str:
     return canonical_json({**decoding.model_dump(), **extra})
 
 
+def _image_of(record: object, folder: Path) -> str | None:
+    """An item's image as the backend must open it: a dataset stores images relative to its own
+    folder (``images/<sha256>.<ext>``), so a relative path resolves there, never against the
+    working directory; URLs and data URIs pass through."""
+    image = getattr(record, "image", None)
+    if image is None or image.startswith(("data:", "http://", "https://")) or Path(image).is_absolute():
+        return image
+    return str(Path(folder) / image)
+
+
 def run(
     con: duckdb.DuckDBPyConnection,
     folder: Path,
@@ -343,7 +353,7 @@ def run(
             request_id=loaded.item_id(r),
             messages=_messages(r, style, selector)[0],
             decoding=decoding,
-            image=getattr(r, "image", None),
+            image=_image_of(r, folder),
         )
         for r in todo
     )
@@ -532,7 +542,7 @@ def run_self_eval(
             request_id=loaded.item_id(r),
             messages=tpl.render(question_block=_question_block(r), answer=answers[loaded.item_id(r)]),
             decoding=decoding,
-            image=getattr(r, "image", None),
+            image=_image_of(r, folder),
         )
         for r in todo
     )

@@ -808,15 +808,23 @@ def default_image_root() -> Path:
     return Path(base) / "gmai_mmbench"
 
 
+def image_extension(data: bytes) -> str | None:
+    """File extension for image bytes, told from their magic number (None: not a known image kind).
+
+    Shared with the suite builder, which names copied images by content the same way."""
+    ext = next((e for magic, e in IMAGE_MAGIC if data.startswith(magic)), None)
+    if ext is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        ext = "webp"
+    return ext
+
+
 def save_image(b64: str, root: Path) -> str:
     """Decode a base64 image, store it as ``root/images/<sha256>.<ext>``; return the relative path."""
     try:
         data = base64.b64decode(b64, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise _RowError("image", f"not valid base64 ({exc})") from exc
-    ext = next((e for magic, e in IMAGE_MAGIC if data.startswith(magic)), None)
-    if ext is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        ext = "webp"
+    ext = image_extension(data)
     if ext is None:
         raise _RowError("image", "decoded bytes are not a PNG, JPEG, GIF, BMP or WebP image")
     rel = f"images/{hashlib.sha256(data).hexdigest()}.{ext}"
