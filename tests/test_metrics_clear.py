@@ -23,29 +23,13 @@ import pytest
 from equipoise.builders.mcq_build import build_mcq_suite
 from equipoise.evaluators.ingest import register
 from equipoise.evaluators.metrics import compute
+from equipoise.evaluators.metrics.registry import STRATA
 from equipoise.evaluators.store import connect, insert_table
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 
 NA_KEY = "<NA>"
 PAIR_KEY = ["dataset_id", "model", "backend", "prompt_style", "decoding_json", "base_id", "clr_k"]
-STRATA_COLS = [
-    "model",
-    "backend",
-    "prompt_style",
-    "suite",
-    "variant",
-    "config",
-    "k",
-    "framing",
-    "system_id",
-    "criterion_id",
-    "condition",
-    "specialty",
-    "question_type",
-    "imaging_modality",
-    "difficulty",
-    "run_id",
-]
+STRATA_COLS = list(STRATA)  # every column a metric may be grouped by
 GROUPINGS = [
     [],
     ["model"],
