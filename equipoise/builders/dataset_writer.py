@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,12 +122,47 @@ def verify_dataset(folder: Path) -> list[str]:
         return [f"{mpath}: missing manifest"]
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         return [f"{mpath}: not valid JSON ({exc})"]
-    for rel, digest in manifest.get("files", {}).items():
+    shape = _manifest_shape_problems(folder, manifest)
+    if shape:  # without a usable file list there is nothing to check the files against
+        return [f"{mpath}: {p}" for p in shape]
+    for rel, digest in manifest["files"].items():
         p = folder / rel
         if not p.exists():
             problems.append(f"{p}: missing")
         elif sha256_file(p) != digest:
             problems.append(f"{p}: sha256 mismatch (file changed or truncated)")
+    return problems
+
+
+def _manifest_shape_problems(folder: Path, manifest: Any) -> list[str]:
+    """What makes a manifest unusable for checking: a damaged key or value here (say ``"files"``
+    spelled differently) would otherwise turn every hash check into no check at all."""
+    if not isinstance(manifest, dict):
+        return ["top level must be a JSON object"]
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return ["field 'files' must map each file of the dataset to its sha256"]
+    problems = [
+        f"field 'files.{rel}': {digest!r} is not a sha256"
+        for rel, digest in files.items()
+        if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest))
+    ]
+    configs = manifest.get("configs")
+    if not isinstance(configs, dict) or not configs:
+        return [*problems, "field 'configs' must name at least one config"]
+    for name, info in configs.items():
+        path = info.get("path") if isinstance(info, dict) else None
+        if not isinstance(path, str) or path not in files:
+            problems.append(f"field 'configs.{name}.path': {path!r} is not a file listed in 'files'")
+        rows = info.get("rows") if isinstance(info, dict) else None
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+            problems.append(f"field 'configs.{name}.rows': {rows!r} is not a row count")
+    for key in ("eval_configs", "pool_configs"):
+        names = manifest.get(key)
+        if names is not None and (not isinstance(names, list) or not set(names) <= set(configs)):
+            problems.append(f"field '{key}': {names!r} names a config not in 'configs'")
+    if (folder / "README.md").exists() and "README.md" not in files:
+        problems.append("field 'files': the dataset card README.md is not listed")
     return problems

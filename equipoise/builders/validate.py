@@ -166,8 +166,10 @@ def validate_folder(folder: Path, reprove: bool = True) -> ValidationReport:
     rep.problems.extend(verify_dataset(folder))
     try:  # read even when a hash failed, so an unlisted image is named alongside
         manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # bad JSON or bad UTF-8
         return rep  # verify_dataset has reported it
+    if not isinstance(manifest, dict):
+        return rep  # likewise
     listed: dict[str, str] = manifest.get("files", {})
     rep.problems.extend(image_file_problems(folder, listed))
     if rep.problems:

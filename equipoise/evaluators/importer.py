@@ -4,11 +4,12 @@ Format: one record per (item, sample), described by :class:`ImportedPrediction` 
 prediction`` prints its JSON Schema). Each record names its run (model, backend, prompt template
 hash, dataset version, config) so imported rows are as traceable as native ones.
 
-The whole file is checked before anything is written: bad JSON, a missing or mistyped field, an
-unknown dataset version, an item not in that dataset config, a label that is not one of the item's
-options, or a NaN / infinite log-probability each raise :class:`ImportError_` naming file, line and
-field. Only a file that passes completely is inserted, in one transaction, so nothing already stored
-is touched by a failed import, and importing the same file twice adds nothing (primary keys).
+The whole file is checked before anything is written: bytes that are not UTF-8, bad JSON, a missing
+or mistyped field, a number the store cannot hold, an unknown dataset version, an item not in that
+dataset config, a label that is not one of the item's options, a NaN / infinite log-probability, or
+a repeated (run, item, sample) each raise :class:`ImportError_` naming file, line and field. Only a
+file that passes completely is inserted, in one transaction, so nothing already stored is touched
+by a failed import, and importing the same file twice adds nothing (primary keys).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class ImportError_(ValueError):
     """A record that cannot be imported; the message is 'file:line: field: reason'."""
 
 
+_INT32_MAX = 2**31 - 1  # the store keeps sample_index and n_output_tokens as INTEGER
+
+
 class ImportedPrediction(BaseModel):
     """One prediction made outside Equipoise."""
 
@@ -53,7 +57,7 @@ class ImportedPrediction(BaseModel):
     dataset_id: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the dataset's manifest.json")
     config: str
     item_id: str
-    sample_index: int = Field(default=0, ge=0)
+    sample_index: int = Field(default=0, ge=0, le=_INT32_MAX)
     raw_output: str
     parsed_label: str | None = Field(
         default=None, description="If absent, Equipoise parses raw_output with its own parser."
@@ -62,9 +66,9 @@ class ImportedPrediction(BaseModel):
         default=None, description="Log-probability per option label at the answer position."
     )
     token_logprobs: list[float] | None = Field(default=None, description="Per generated token.")
-    n_output_tokens: int | None = Field(default=None, ge=0)
-    latency_ms: float | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0)
+    n_output_tokens: int | None = Field(default=None, ge=0, le=_INT32_MAX)
+    latency_ms: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
     @field_validator("option_logprobs")
     @classmethod
@@ -109,13 +113,29 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
         except Exception as exc:
             raise ImportError_(f"{path}: unreadable Parquet ({exc})") from exc
         n = 0
-        for batch in pf.iter_batches(batch_size=65536):
-            for r in batch.to_pylist():
+        batches = pf.iter_batches(batch_size=65536)
+        while True:
+            # a damaged page or a non-UTF-8 string surfaces only when its batch is decoded
+            try:
+                batch = next(batches, None)
+                rows = [] if batch is None else batch.to_pylist()
+            except (OSError, pyarrow.ArrowException, UnicodeDecodeError) as exc:
+                raise ImportError_(f"{path}:{n + 1}: unreadable Parquet data after row {n} ({exc})") from exc
+            if batch is None:
+                return
+            for r in rows:
                 n += 1
                 yield n, r
-        return
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    # bytes, split on b"\n" and decoded line by line: a bad byte is reported with its line number
+    # instead of escaping as a UnicodeDecodeError from the file iterator
+    with path.open("rb") as f:
+        for lineno, data in enumerate(f, start=1):
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ImportError_(
+                    f"{path}:{lineno}: not valid UTF-8 (byte {exc.start + 1} of the line)"
+                ) from exc
             if not line.strip():
                 continue
             try:
@@ -124,7 +144,29 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
                 raise ImportError_(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
             if not isinstance(raw, dict):
                 raise ImportError_(f"{path}:{lineno}: a record must be a JSON object")
+            if "\\u" in line:  # only an escape can smuggle in a lone surrogate, which no store can hold
+                bad = _unencodable(raw)
+                if bad is not None:
+                    raise ImportError_(f"{path}:{lineno}: {bad}: lone surrogate escape, not Unicode text")
             yield lineno, raw
+
+
+def _unencodable(value: object, where: str = "") -> str | None:
+    """Location of the first key or string that cannot be encoded as UTF-8, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "<record>"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        loc = f"{where}.{k}" if where else str(k)
+        bad = _unencodable(k, loc) if isinstance(k, str) else None
+        bad = bad or _unencodable(v, loc)
+        if bad is not None:
+            return bad
+    return None
 
 
 def import_predictions(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary:
@@ -147,6 +189,7 @@ def import_predictions(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSumm
     # Arrow columns (no per-row pydantic row objects): at a million rows the object churn, not the
     # checks, is what costs.
     cols: dict[str, list] = {f: [] for f in PredictionRow.model_fields}
+    linenos: list[int] = []  # source line of each row, for error messages
     sc: dict[str, list] = {f: [] for f in OptionScoreRow.model_fields}
     runs: dict[str, RunRow] = {}
     run_cache: dict[tuple, str] = {}
@@ -216,6 +259,7 @@ def import_predictions(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSumm
         else:
             outcome = "abstained" if labels[label] == "abstain" else "answered"
         tl = p.token_logprobs or []
+        linenos.append(lineno)
         for name, value in (
             ("run_id", rid),
             ("item_id", p.item_id),
@@ -242,8 +286,17 @@ def import_predictions(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSumm
     try:
         PREDICTION_FRAME.validate(frame, lazy=True)
     except pa.errors.SchemaErrors as exc:
+        key = ["run_id", "item_id", "sample_index"]
+        again = frame.index[frame.duplicated(key)]
+        if len(again):
+            i = int(again[0])
+            first = int(frame.index[(frame[key] == frame.loc[i, key]).all(axis=1)][0])
+            raise ImportError_(
+                f"{path}:{linenos[i]}: item_id: {frame.at[i, 'item_id']!r} sample_index "
+                f"{frame.at[i, 'sample_index']} repeats line {linenos[first]} (same run)"
+            ) from exc
         dup = exc.failure_cases.head(1).to_dict("records")
-        raise ImportError_(f"{path}: duplicate (run, item, sample) records in the file: {dup}") from exc
+        raise ImportError_(f"{path}: records fail the prediction checks: {dup}") from exc
     pred_table = pyarrow.table(cols, schema=arrow_schema(PredictionRow))
     score_table = pyarrow.table(sc, schema=arrow_schema(OptionScoreRow))
     before = con.execute("SELECT count(*) FROM predictions").fetchall()[0][0]

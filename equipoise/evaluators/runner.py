@@ -2,10 +2,11 @@
 
 The run id is a hash of everything that defines the run (model, backend, prompt template hash,
 decoding, dataset version, config), so the same command always names the same run. Before asking the
-backend anything the runner reads which (item, sample) rows already exist and requests only the rest;
-results are written in batches, each one transaction (predictions with their option scores). A run
-killed at any point and started again with the same arguments therefore continues where it stopped,
-with nothing lost or duplicated.
+backend anything the runner reads which (item, sample) rows already exist and requests only the rest
+(rows stored as ``error``, requests that got no answer, are dropped and asked again); results are
+written in batches, each one transaction (predictions with their option scores). A run killed at any
+point and started again with the same arguments therefore continues where it stopped, with nothing
+lost or duplicated.
 
 Two additions share that machinery:
 
@@ -341,6 +342,7 @@ def run(
             )
         ],
     )
+    _forget_errors(con, rid, [loaded.item_id(r) for r in records])
     have = dict(
         con.execute(
             "SELECT item_id, count(*) FROM predictions WHERE run_id = ? GROUP BY item_id", [rid]
@@ -371,6 +373,22 @@ def run(
         verdict=False,
     )
     return RunSummary(rid, len(todo), written, len(records) - len(todo), _outcomes(con, rid))
+
+
+def _forget_errors(con: duckdb.DuckDBPyConnection, rid: str, item_ids: list[str]) -> None:
+    """Drop the run's ``error`` rows for the items about to be considered, so they are asked again.
+
+    An error row records a request that got no answer (server down, connection dropped, retries
+    exhausted); it is not a result, and keeping it would make every later rerun skip the item, so an
+    outage would stay in the store for good. The new result, or a new error row if it fails again,
+    takes its place; a kill before then leaves the item missing, which the next rerun also requests.
+    Only ``item_ids`` are touched (a rerun with ``limit`` keeps the error rows it will not redo).
+    Error rows carry no option scores."""
+    con.execute(
+        "DELETE FROM predictions WHERE run_id = ? AND outcome = 'error' "
+        "AND item_id IN (SELECT unnest(?::VARCHAR[]))",
+        [rid, item_ids],
+    )
 
 
 def _drain(
@@ -529,6 +547,7 @@ def run_self_eval(
             )
         ],
     )
+    _forget_errors(con, rid, [loaded.item_id(r) for r in judged])
     have = {
         x[0]
         for x in con.execute(
