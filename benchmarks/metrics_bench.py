@@ -1,0 +1,617 @@
+"""Every registered metric over a synthetic store: the DuckDB path vs a plain pandas / scikit-learn
+reference computing the same numbers, in one run, each path in its own process.
+
+    python benchmarks/metrics_bench.py --rows 1000000
+
+1. Builds a synthetic store of about ``--rows`` predictions (not timed; ``--store`` keeps or reuses
+   one). Layout ``mixed`` (default) joins four blocks so that every metric has data, each built with
+   ``equipoise.evaluators.synthetic.make_store`` and then relabelled in SQL:
+
+   - ``mcq``        (40% of rows) suite 'synthetic', variants k3_gold / k3_na: the plain synthetic store;
+   - ``robustness`` (20%) variants 'original' / 'plus_nota' sharing base_id (flips, McNemar, bootstrap);
+   - ``clear``      (25%) suite 'clear', variants k3_gold, k3_na, k3_idk, k3_ina, k3_na_idk, k3_na_ina
+     with their abstain framings (humility deficit, IDK shift, chance baseline);
+   - ``clindet``    (15%) determinability items (3 options, conditions complete /
+     incomplete_determinable / incomplete_undeterminable) plus a self-evaluation run per decision
+     run with 'Correct' / 'Incorrect' / unparsed verdicts on sample 0.
+
+   ``--models`` models (default 3) x variants x ``--samples`` samples (default 2); every decision
+   output gets reasoning-like text (hedges, 'wait', '?', stated confidence) so the text features
+   and elicited confidence have something to parse. Layout ``plain`` is the unmodified
+   ``make_store`` store (suite 'synthetic', MCQ only): most of the CLEAR, ClinDet and robustness
+   metrics are then empty, and the table says so.
+2. DuckDB path, in a child process: exactly what ``equipoise metrics`` does with no options: open
+   the store read-only, ``registry.prepare(con, materialize=True)``, then ``compute(con, name)`` for
+   every registered metric (default grouping and parameters), keeping every result frame.
+3. Reference path, in another child process: ``benchmarks/metrics_reference.py``: read the raw
+   tables into pandas (timed), join and aggregate with pandas / numpy, scikit-learn, scipy and
+   statsmodels (see its docstring for what it shares: nothing but the definitions and the
+   documented random streams of the resampling metrics).
+4. Compares the two outputs cell by cell (numbers to 1e-6 absolute plus 1e-9 relative, NaN = NaN),
+   prints per-metric times, rows and mismatches, both totals, the ratio, peak RSS (VmHWM) of each
+   process and the store size, and writes JSON (default ``benchmarks/results/metrics_<rows>.json``)
+   with the machine.
+
+Times exclude Python imports (both paths) and store creation. ``--paths duckdb`` runs the DuckDB
+path alone (e.g. at 10M rows, where the reference is impractical). Exit status 0 when every compared
+cell agrees, 1 on any mismatch or a failed metric.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+TARGET_RATIO = 20.0
+TARGET_SECONDS_10M = 60.0
+
+# (block, configs as (name, gold present), options per item, share of the rows, self-evaluation runs)
+BLOCKS: dict[str, tuple[tuple[tuple[str, bool], ...], int, float, bool]] = {
+    "mcq": ((("k3_gold", True), ("k3_na", False)), 4, 0.40, False),
+    "robustness": ((("original", True), ("plus_nota", False)), 4, 0.20, False),
+    "clear": (
+        (
+            ("k3_gold", True),
+            ("k3_na", False),
+            ("k3_idk", False),
+            ("k3_ina", False),
+            ("k3_na_idk", False),
+            ("k3_na_ina", False),
+        ),
+        4,
+        0.25,
+        False,
+    ),
+    "clindet": (
+        (("complete", True), ("incomplete_determinable", True), ("incomplete_undeterminable", False)),
+        3,
+        0.15,
+        True,
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# store (not timed)
+# ---------------------------------------------------------------------------------------------
+def _sql_clear(d: str) -> str:
+    return f"""
+    UPDATE datasets SET suite = 'clear' WHERE dataset_id = '{d}';
+    UPDATE items SET suite = 'clear',
+        framing = CASE variant WHEN 'k3_na' THEN 'NA' WHEN 'k3_idk' THEN 'IDK' WHEN 'k3_ina' THEN 'INA'
+                               WHEN 'k3_na_idk' THEN 'IDK+NA' WHEN 'k3_na_ina' THEN 'INA+NA' END
+    WHERE dataset_id = '{d}';
+    UPDATE options SET framing = CASE config WHEN 'k3_idk' THEN 'IDK' WHEN 'k3_ina' THEN 'INA' ELSE 'NA' END
+    WHERE dataset_id = '{d}' AND role = 'abstain';
+    -- the second abstain option of k3_na_idk / k3_na_ina replaces one distractor
+    UPDATE options
+    SET role = 'abstain', framing = CASE options.config WHEN 'k3_na_idk' THEN 'IDK' ELSE 'INA' END
+    FROM items i
+    WHERE options.dataset_id = '{d}' AND options.config IN ('k3_na_idk', 'k3_na_ina')
+      AND i.dataset_id = options.dataset_id AND i.config = options.config AND i.item_id = options.item_id
+      AND options.label = CASE WHEN i.target_label = 'A' THEN 'B' ELSE 'A' END;
+    """
+
+
+def _sql_clindet(d: str) -> str:
+    return f"""
+    UPDATE datasets SET suite = 'clindet' WHERE dataset_id = '{d}';
+    UPDATE items SET task = 'determinability', suite = 'clindet', condition = config, k = NULL,
+        framing = NULL, system_id = 'sys' || (hash(base_id) % 6)::VARCHAR,
+        criterion_id = 'crit' || (hash(base_id || 'c') % 4)::VARCHAR
+    WHERE dataset_id = '{d}';
+    -- determinable cases: gold, 'Unable to determine' (abstain) and one wrong decision
+    UPDATE options SET role = 'abstain'
+    FROM items i
+    WHERE options.dataset_id = '{d}' AND options.config <> 'incomplete_undeterminable'
+      AND i.dataset_id = options.dataset_id AND i.config = options.config AND i.item_id = options.item_id
+      AND options.label = CASE WHEN i.target_label = 'A' THEN 'B' ELSE 'A' END;
+    UPDATE options SET framing = 'UTD' WHERE dataset_id = '{d}' AND role = 'abstain';
+    -- a self-evaluation run per decision run: a verdict on every sample-0 decision
+    INSERT INTO runs
+    SELECT 'se-' || run_id, model, backend, 'self_eval:' || prompt_style, 'self-eval', prompt_sha256,
+           decoding_json, dataset_id, config, package_version
+    FROM runs WHERE dataset_id = '{d}';
+    INSERT INTO predictions (run_id, item_id, sample_index, raw_output, parsed_label, parse_method,
+                             outcome, n_output_tokens)
+    SELECT 'se-' || run_id, item_id, sample_index, 'Verdict: ' || coalesce(v, 'not sure'), v,
+           CASE WHEN v IS NULL THEN 'unparsed' ELSE 'answer_line' END,
+           CASE WHEN v IS NULL THEN 'unparsed' ELSE 'answered' END, 4
+    FROM (
+        SELECT p.run_id, p.item_id, p.sample_index,
+               CASE WHEN hash(p.run_id || p.item_id || 'v') % 25 = 0 THEN NULL
+                    WHEN coalesce(p.parsed_label = i.target_label, false)
+                         = (hash(p.run_id || p.item_id || 'w') % 100 < 75) THEN 'Correct'
+                    ELSE 'Incorrect' END AS v
+        FROM predictions p
+        JOIN runs r USING (run_id)
+        JOIN items i ON i.dataset_id = r.dataset_id AND i.config = r.config AND i.item_id = p.item_id
+        WHERE r.dataset_id = '{d}' AND p.sample_index = 0
+    );
+    """
+
+
+_SQL_ABSTAINED = """
+UPDATE predictions SET outcome = 'abstained'
+FROM runs r, options o
+WHERE predictions.run_id = r.run_id AND o.dataset_id = r.dataset_id AND o.config = r.config
+  AND o.item_id = predictions.item_id AND o.label = predictions.parsed_label AND o.role = 'abstain'
+  AND predictions.outcome = 'answered';
+"""
+
+# reasoning-like text around every decision output: hedges, 'wait', questions, stated confidence
+_SQL_TEXT = """
+UPDATE predictions SET raw_output =
+    CASE hash(run_id || item_id || sample_index::VARCHAR) % 5
+        WHEN 0 THEN 'Wait, is this the classic presentation? '
+        WHEN 1 THEN 'The findings seem consistent, but I am not sure about the rest. '
+        WHEN 2 THEN 'Let me think step by step. The most likely answer follows. '
+        WHEN 3 THEN 'Hmm?? Maybe. '
+        ELSE '' END
+    || raw_output
+    || CASE hash(item_id || run_id || sample_index::VARCHAR) % 4
+        WHEN 0 THEN ' Confidence: ' || (hash(item_id || sample_index::VARCHAR) % 101)::VARCHAR || '%'
+        WHEN 1 THEN ' My confidence is 0.' || (hash(run_id || item_id) % 10)::VARCHAR
+        ELSE '' END
+WHERE NOT starts_with(run_id, 'se-');
+"""
+
+
+def build_store(path: Path, rows: int, models: int, samples: int, seed: int, layout: str) -> dict[str, Any]:
+    """Write the benchmark store at ``path``; returns its composition."""
+    from equipoise.evaluators.store import connect
+    from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+
+    names = tuple(f"model-{chr(97 + i)}" for i in range(models))
+    blocks = {"mcq": (*BLOCKS["mcq"][:2], 1.0, False)} if layout == "plain" else BLOCKS
+    info: dict[str, Any] = {"layout": layout, "models": list(names), "samples": samples, "blocks": {}}
+    for bi, (block, (configs, n_options, share, self_eval)) in enumerate(blocks.items()):
+        per_item = len(configs) * models * samples + (len(configs) * models if self_eval else 0)
+        n_items = max(4, round(share * rows / per_item))
+        con = connect(path)
+        before = {r[0] for r in con.execute("SELECT DISTINCT dataset_id FROM datasets").fetchall()}
+        con.close()
+        spec = SyntheticSpec(
+            n_items=n_items,
+            models=names,
+            configs=configs,
+            samples=samples,
+            n_options=n_options,
+            seed=seed * 100 + bi,
+        )
+        make_store(path, spec)
+        con = connect(path)
+        (did,) = {r[0] for r in con.execute("SELECT DISTINCT dataset_id FROM datasets").fetchall()} - before
+        if layout == "mixed" and block == "clear":
+            con.execute(_sql_clear(did))
+        if layout == "mixed" and block == "clindet":
+            con.execute(_sql_clindet(did))
+        con.close()
+        info["blocks"][block] = {
+            "configs": [c for c, _ in configs],
+            "n_items": n_items,
+            "n_options": n_options,
+        }
+    con = connect(path)
+    if layout == "mixed":
+        con.execute(_SQL_ABSTAINED)
+        con.execute(_SQL_TEXT)
+    con.execute("CHECKPOINT")
+    for t in ("runs", "items", "options", "predictions", "option_scores"):
+        info[f"{t}_rows"] = con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0]
+    info["self_eval_predictions"] = con.execute(
+        "SELECT count(*) FROM predictions p JOIN runs r USING (run_id) "
+        "WHERE starts_with(r.prompt_style, 'self_eval:')"
+    ).fetchall()[0][0]
+    con.close()
+    info["file_bytes"] = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# child processes (timed)
+# ---------------------------------------------------------------------------------------------
+def _proc_kib(field: str) -> int | None:
+    """A VmHWM / VmRSS figure of this process in KiB (Linux), else None."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _peak_mib() -> float:
+    hwm = _proc_kib("VmHWM")
+    if hwm is not None:
+        return hwm / 1024
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process, all threads (less sensitive to other jobs than
+    wall time: DuckDB's worker threads wait, not work, while another process holds a core)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _save(outdir: Path, results: dict, times: dict, errors: dict, extra: dict) -> None:
+    """Peak RSS is read before anything is written, so saving the results does not count."""
+    peak = _peak_mib()
+    for name, df in results.items():
+        df.to_pickle(outdir / f"{name}.pkl")
+    (outdir / "timings.json").write_text(
+        json.dumps({"times": times, "errors": errors, "peak_rss_mib": peak, **extra}, indent=2)
+    )
+
+
+def child_duckdb(store: Path, outdir: Path) -> None:
+    """The `equipoise metrics` path (cli.metrics with no options), timed per step."""
+    from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare
+    from equipoise.evaluators.store import connect
+
+    _load_all()
+    base_mib = (_proc_kib("VmRSS") or 0) / 1024
+    results, times, errors, hwm = {}, {}, {}, {}
+    t_all, cpu0 = time.perf_counter(), _cpu_s()
+    t0 = time.perf_counter()
+    con = connect(store, read_only=True)
+    threads, mem_limit = con.execute(
+        "SELECT current_setting('threads'), current_setting('memory_limit')"
+    ).fetchall()[0]
+    prepare(con, materialize=True)
+    times["(open + prepare)"] = time.perf_counter() - t0
+    hwm["(open + prepare)"] = _peak_mib()
+    for name in sorted(REGISTRY):
+        t0 = time.perf_counter()
+        try:
+            results[name] = compute(con, name, by=None, params={})
+        except Exception:  # a failing metric is reported, not fatal to the benchmark
+            errors[name] = traceback.format_exc(limit=3)
+        times[name] = time.perf_counter() - t0
+        hwm[name] = _peak_mib()
+    con.close()
+    total, cpu = time.perf_counter() - t_all, _cpu_s() - cpu0
+    extra = {"total_s": total, "cpu_s": cpu, "baseline_rss_mib": base_mib, "peak_rss_after_mib": hwm}
+    extra.update(threads=threads, memory_limit=mem_limit)
+    _save(outdir, results, times, errors, extra)
+
+
+def child_reference(store: Path, outdir: Path) -> None:
+    sys.path.insert(0, str(HERE))
+    import metrics_reference as ref
+
+    base_mib = (_proc_kib("VmRSS") or 0) / 1024
+    results, times, errors, hwm = {}, {}, {}, {}
+    t_all, cpu0 = time.perf_counter(), _cpu_s()
+    t0 = time.perf_counter()
+    tables = ref.read_tables(store)
+    times["(read tables)"] = time.perf_counter() - t0
+    hwm["(read tables)"] = _peak_mib()
+    t0 = time.perf_counter()
+    data = ref.Data(tables)
+    times["(joins + softmax)"] = time.perf_counter() - t0
+    hwm["(joins + softmax)"] = _peak_mib()
+    for name, (fn, _) in sorted(ref.REFERENCE.items()):
+        t0 = time.perf_counter()
+        try:
+            results[name] = fn(data)
+        except Exception:  # reported, not fatal
+            errors[name] = traceback.format_exc(limit=4)
+        times[name] = time.perf_counter() - t0
+        hwm[name] = _peak_mib()
+    total, cpu = time.perf_counter() - t_all, _cpu_s() - cpu0
+    extra = {"total_s": total, "cpu_s": cpu, "baseline_rss_mib": base_mib, "peak_rss_after_mib": hwm}
+    _save(outdir, results, times, errors, extra)
+
+
+def run_child(kind: str, store: Path, outdir: Path) -> dict[str, Any]:
+    outdir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        kind,
+        "--store",
+        str(store),
+        "--workdir",
+        str(outdir),
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"{kind} child failed with status {proc.returncode}")
+    info = json.loads((outdir / "timings.json").read_text())
+    info["process_wall_s"] = wall
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------
+def machine_info() -> dict[str, Any]:
+    import duckdb
+    import numpy
+    import pandas
+    import scipy
+    import sklearn
+
+    def first(path: str, key: str) -> str | None:
+        try:
+            for line in Path(path).read_text().splitlines():
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return None
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=HERE
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain"], capture_output=True, text=True, cwd=HERE
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.CalledProcessError):
+        commit, dirty = None, None
+    mem = first("/proc/meminfo", "MemTotal")
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": first("/proc/cpuinfo", "model name"),
+        "cpu_count": os.cpu_count(),
+        "mem_total_gib": round(int(mem.split()[0]) / 2**20, 1) if mem else None,
+        "python": platform.python_version(),
+        "duckdb": duckdb.__version__,
+        "pandas": pandas.__version__,
+        "numpy": numpy.__version__,
+        "scikit_learn": sklearn.__version__,
+        "scipy": scipy.__version__,
+        "git_commit": commit,
+        "git_dirty": dirty,
+    }
+
+
+def _label(rows: int) -> str:
+    if rows % 1_000_000 == 0:
+        return f"{rows // 1_000_000}m"
+    if rows % 1000 == 0:
+        return f"{rows // 1000}k"
+    return str(rows)
+
+
+def _compare_all(duck_dir: Path, ref_dir: Path) -> dict[str, dict]:
+    import pandas as pd
+
+    sys.path.insert(0, str(HERE))
+    import metrics_reference as ref
+
+    out = {}
+    for name, (_, keys) in sorted(ref.REFERENCE.items()):
+        d, r = duck_dir / f"{name}.pkl", ref_dir / f"{name}.pkl"
+        if not d.exists() and name not in _registered():
+            continue  # a reference for a metric this checkout does not register
+        if not d.exists() or not r.exists():
+            out[name] = {"mismatches": None, "examples": ["no output on one side (the metric failed)"]}
+            continue
+        out[name] = ref.compare(pd.read_pickle(d), pd.read_pickle(r), keys)
+    return out
+
+
+def _registered() -> list[str]:
+    from equipoise.evaluators.metrics.registry import REGISTRY, _load_all
+
+    _load_all()
+    return sorted(REGISTRY)
+
+
+def _rows_of(duck_dir: Path, name: str) -> tuple[int | None, bool]:
+    """(rows, has numbers): a metric 'has data' when some row has a non-null number beyond counts."""
+    import pandas as pd
+
+    p = duck_dir / f"{name}.pkl"
+    if not p.exists():
+        return None, False
+    df = pd.read_pickle(p)
+    num = df.select_dtypes("number")
+    return len(df), bool(len(df) and num.notna().to_numpy().any() and (num.fillna(0).to_numpy() != 0).any())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=1_000_000, help="predictions in the store (approximately)")
+    ap.add_argument("--models", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--layout", choices=("mixed", "plain"), default="mixed")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--paths", choices=("both", "duckdb", "reference"), default="both")
+    ap.add_argument("--store", type=Path, help="store file to use (built there if missing, and kept)")
+    ap.add_argument("--out", type=Path, help="JSON results (default benchmarks/results/metrics_<rows>.json)")
+    ap.add_argument("--child", choices=("duckdb", "reference"), help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        (child_duckdb if args.child == "duckdb" else child_reference)(args.store, args.workdir)
+        return 0
+
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    load_start = os.getloadavg()
+    tmp = Path(tempfile.mkdtemp(prefix="eq-metrics-bench-"))
+    store = args.store or tmp / "store.duckdb"
+    t0 = time.perf_counter()
+    if store.exists():
+        from equipoise.evaluators.store import connect
+
+        con = connect(store, read_only=True)
+        info = {
+            "reused": True,
+            "predictions_rows": con.execute("SELECT count(*) FROM predictions").fetchall()[0][0],
+        }
+        con.close()
+        info["file_bytes"] = store.stat().st_size
+    else:
+        info = build_store(store, args.rows, args.models, args.samples, args.seed, args.layout)
+    build_s = time.perf_counter() - t0
+    n_pred = info["predictions_rows"]
+    store_mib = info["file_bytes"] / 2**20
+    print(
+        f"store: {n_pred:,} predictions ({store_mib:,.0f} MiB on disk), built in {build_s:.0f} s (not timed)"
+    )
+
+    runs: dict[str, dict] = {}
+    for kind in ("duckdb", "reference"):
+        if args.paths in (kind, "both"):
+            print(f"running the {kind} path ...", flush=True)
+            runs[kind] = run_child(kind, store, tmp / kind)
+    compared = _compare_all(tmp / "duckdb", tmp / "reference") if len(runs) == 2 else {}
+
+    sys.path.insert(0, str(HERE))
+    import metrics_reference as ref
+
+    names = sorted(_registered())
+    duck, refr = runs.get("duckdb"), runs.get("reference")
+    per_metric = []
+    hdr = f"{'metric':<30} {'rows':>9} {'duckdb s':>9} {'ref s':>9} {'ratio':>7} {'mismatch':>9}  note"
+    print(hdr)
+    print("-" * len(hdr))
+    for setup_d, setup_r in (("(open + prepare)", "(read tables)"), (None, "(joins + softmax)")):
+        ds = duck["times"].get(setup_d) if duck and setup_d else None
+        rs = refr["times"].get(setup_r) if refr else None
+        label = setup_d if setup_d else setup_r
+        if setup_d and refr:
+            label = f"{setup_d} / {setup_r}"
+        print(f"{label:<30} {'':>9} {_f(ds):>9} {_f(rs):>9}")
+    failed = False
+    for name in names:
+        rows, has = _rows_of(tmp / "duckdb", name) if duck else (None, False)
+        ds = duck["times"].get(name) if duck else None
+        rs = refr["times"].get(name) if refr else None
+        cmp_ = compared.get(name, {})
+        mm = cmp_.get("mismatches")
+        errs = [k for k in ("duckdb", "reference") if runs.get(k) and name in runs[k]["errors"]]
+        note = (
+            "FAILED on " + ", ".join(errs)
+            if errs
+            else ("" if has else "no data in this store (empty / all NULL)")
+        )
+        if refr and name not in ref.REFERENCE:
+            note = "NO REFERENCE (add one to metrics_reference.py)"
+            cmp_ = {"mismatches": None, "examples": ["no reference implementation"]}
+        if errs or (mm is not None and mm > 0) or (len(runs) == 2 and mm is None):
+            failed = True
+        ratio = rs / ds if ds and rs else None
+        print(
+            f"{name:<30} {rows if rows is not None else '-':>9} {_f(ds):>9} {_f(rs):>9} {_f(ratio, 1):>7} "
+            f"{mm if mm is not None else '-':>9}  {note}"
+        )
+        per_metric.append(
+            {
+                "metric": name,
+                "rows": rows,
+                "has_data": has,
+                "duckdb_s": ds,
+                "reference_s": rs,
+                "ratio": ratio,
+                "comparison": cmp_,
+                "errors": {k: runs[k]["errors"][name] for k in errs},
+            }
+        )
+    print("-" * len(hdr))
+    total_d = duck["total_s"] if duck else None
+    total_r = refr["total_s"] if refr else None
+    ratio = total_r / total_d if total_d and total_r else None
+    print(
+        f"{'TOTAL':<30} {'':>9} {_f(total_d):>9} {_f(total_r):>9} {_f(ratio, 1):>7} "
+        f"{sum(m['comparison'].get('mismatches') or 0 for m in per_metric) if compared else '-':>9}"
+    )
+    for kind, r in runs.items():
+        print(f"{kind}: wall {r['total_s']:,.1f} s, CPU {r['cpu_s']:,.1f} s (user + system, all threads)")
+    for kind, r in runs.items():
+        print(
+            f"peak RSS {kind}: {r['peak_rss_mib']:,.0f} MiB (after imports {r['baseline_rss_mib']:,.0f} MiB)"
+            f"; store file {store_mib:,.0f} MiB"
+        )
+    if duck:
+        print(f"DuckDB threads {duck['threads']}, memory_limit {duck['memory_limit']}")
+    for m in per_metric:
+        for e in m["comparison"].get("examples", [])[:3]:
+            print(f"  {m['metric']}: {e}")
+        for k, tb in m["errors"].items():
+            print(f"  {m['metric']} failed on {k}: {tb.strip().splitlines()[-1]}")
+    slow = sorted((m for m in per_metric if m["duckdb_s"]), key=lambda m: -m["duckdb_s"])[:5]
+    if slow:
+        print("slowest on DuckDB: " + ", ".join(f"{m['metric']} {m['duckdb_s']:.2f}s" for m in slow))
+    empty = [m["metric"] for m in per_metric if duck and not m["has_data"]]
+    if empty:
+        print(f"no data in this store: {', '.join(empty)}")
+    targets = {
+        "ratio_ge_20": None if ratio is None else ratio >= TARGET_RATIO,
+        "duckdb_under_60s_at_this_size": None if total_d is None else total_d < TARGET_SECONDS_10M,
+        "duckdb_rss_below_store_size": None if not duck else duck["peak_rss_mib"] < store_mib,
+    }
+    print("targets: " + ", ".join(f"{k}={v}" for k, v in targets.items()))
+    out = {
+        "started": started,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine_info(),
+        "loadavg_start": load_start,
+        "loadavg_end": os.getloadavg(),
+        "store": {**info, "build_s": build_s, "file_mib": store_mib},
+        "args": {
+            k: (str(v) if isinstance(v, Path) else v)
+            for k, v in vars(args).items()
+            if k not in ("child", "workdir")
+        },
+        "duckdb": duck,
+        "reference": refr,
+        "total_duckdb_s": total_d,
+        "total_reference_s": total_r,
+        "ratio": ratio,
+        "targets": targets,
+        "metrics": per_metric,
+    }
+    dest = (
+        args.out
+        or RESULTS / f"metrics_{_label(args.rows)}{'' if args.layout == 'mixed' else '_' + args.layout}.json"
+    )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(out, indent=2, default=_json_default))
+    print(f"wrote {dest}")
+    shutil.rmtree(tmp, ignore_errors=True)  # child outputs, and the store unless --store named one
+    return 1 if failed else 0
+
+
+def _f(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:,.{digits}f}"
+
+
+def _json_default(v: object) -> object:
+    try:
+        return v.item()  # type: ignore[attr-defined]
+    except AttributeError:
+        return str(v)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
