@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from equipoise.evaluators.metrics import compute
-from equipoise.evaluators.metrics.conformal import conformal_k
+from equipoise.evaluators.metrics.conformal import _HI_EXPR, conformal_k
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 
 BY = ("model", "config")
@@ -645,3 +645,45 @@ def test_grouping_by_nothing_and_any_stratum(store):
     assert len(whole) == 1 and whole.n_items.iloc[0] == 4 * 240
     by_k = _compute(store, "conformal_lac", ("k", "framing"), repeats=2)
     assert by_k.n_items.sum() == 4 * 240
+
+
+# ----------------------------------------------------------------------------------------------------
+# how the split is computed (the definition is the md5 order; these pin the shortcuts it takes)
+
+
+def test_md5_prefix_integer_is_the_leading_hex_digits():
+    """The split compares h = md5_number's digest bytes swapped back to big-endian, and only falls back
+    to the md5 hex where h ties: h must equal the first 16 hex digits read as a number, so that
+    ordering by (h, hex) is ordering by hex."""
+    texts = [f"{seed}:{rep}:it-{i:07d}:k3_gold" for seed in (0, 17) for rep in range(25) for i in range(40)]
+    con = duckdb.connect()
+    sql = f"SELECT x, {_HI_EXPR} FROM (SELECT x, md5_number(x) AS n FROM unnest(?) t(x))"
+    rows = con.execute(sql, [texts]).fetchall()
+    con.close()
+    assert len(rows) == len(texts)
+    for text, h in rows:
+        assert h == int(_md5(text)[:16], 16)
+    assert sorted(texts, key=lambda t: dict(rows)[t]) == sorted(texts, key=_md5)
+
+
+@pytest.mark.parametrize("score", ["lac", "aps"])
+def test_same_unit_key_in_several_runs_is_ordered_by_run_id(store, score):
+    """Grouped by nothing, the runs of both models hold the same item ids: their md5 keys tie and run_id
+    decides, also where the calibration cutoff falls between two runs of one item."""
+    seed, repeats = 8, 6
+    got = _compute(store, f"conformal_{score}", (), repeats=repeats, seed=seed)
+    units, _ = option_units(store, score, (), ("target_role",), seed=seed)
+    assert len({(u["ukey"], u["stratum"]) for u in units}) < len(units)  # shared keys do occur
+    want = summarise(run_splits(units, repeats=repeats, seed=seed)[()])
+    assert len(got) == 1
+    for col in COLS:
+        _close(got.iloc[0][col], want[col])
+
+
+@pytest.mark.parametrize("name", ["conformal_lac", "conformal_aps", "conformal_sampling"])
+def test_reruns_give_identical_doubles(store, name):
+    """Means and sds over repeats are summed in repeat order (not in a parallel hash aggregate's order),
+    so the same store and parameters give the same bits every time."""
+    frames = [_compute(store, name, repeats=40, seed=2) for _ in range(3)]
+    for frame in frames[1:]:
+        pd.testing.assert_frame_equal(frame, frames[0], check_exact=True)

@@ -31,7 +31,10 @@ Split (``repeats`` random splits, default 20): within each group and stratum (``
 ``target_role``: gold vs abstain targets) the units are ordered by md5('<seed>:<repeat>:<unit key>')
 (unit key = item_id, or base_id for pool 'base'; ties by run_id) and the first
 round_half_up(cal_fraction * N) are calibration (default 0.3), the rest test. The same item is in the
-same part for every model of a repeat (paired comparisons).
+same part for every model of a repeat (paired comparisons). That order is never sorted in full (N x
+repeats md5 strings made these metrics 10x slower than the rest): the md5 is computed once per unit
+key and repeat, and a unit is calibration iff its key is <= the stratum's n_cal-th smallest key,
+found from counts per leading byte and a sort of one byte's bucket (``sql/conf_split.sql``).
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -45,7 +48,8 @@ Prediction set of a test unit: the options with s <= q_hat (same randomisation r
 coverage = target in set; sets may be empty (APS, or sampling when no option reaches the threshold).
 
 Output per group: mean over repeats (each repeat: mean over its test units) of set size and coverage,
-their sample standard deviations across repeats, q_hat mean / sd (over repeats with k <= n),
+their sample standard deviations across repeats (summed in repeat order, so reruns give the same
+doubles), q_hat mean / sd (over repeats with k <= n),
 ``n_full_repeats`` (repeats with k > n), n_cal / n_test per repeat, k (column ``k_order``, so it
 never clashes with the stratum ``k``), empty-set rate.
 ``conformal_sampling`` adds majority-vote accuracy (the most chosen option is the target; ties go to
@@ -77,6 +81,13 @@ CONF_STRATA: tuple[str, ...] = (
 SCORES: tuple[str, ...] = ("lac", "aps", "sampling")
 _POOLS = {"item": "sc.item_id", "base": "sc.base_id"}
 _MAX_DEN = 10**6
+
+# md5_number(x) is the 16-byte digest read as a little-endian integer: its low 64 bits are digest
+# bytes 0-7 in reverse order. Swapping them back gives the first 16 hex digits of md5(x) as an
+# integer, which orders exactly as those digits do (lower-case hex sorts like its nibbles).
+_HI_EXPR = " | ".join(
+    f"((((n & 18446744073709551615::UHUGEINT)::UBIGINT >> {8 * i}) & 255) << {8 * (7 - i)})" for i in range(8)
+)
 
 COMMON_PARAMS: dict[str, object] = {
     "alpha": 0.1,
@@ -172,6 +183,7 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
         "repeats": _int(params, "repeats", 1),
         "seed": _int(params, "seed", 0),
         "sample_index": _int(params, "sample_index", 0),
+        "hi_expr": _HI_EXPR,
     }
 
 
@@ -195,6 +207,17 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
     )
 
 
+def _split_extra(score: str) -> dict[str, str]:
+    """Per-repeat test means that only sampling units have (majority vote, hit)."""
+    if score != "sampling":
+        return {"per_rep_extra": "", "rep_stats_extra": ""}
+    return {
+        "per_rep_extra": ", avg(mv_correct::INTEGER) AS mv_acc, avg(hit::INTEGER) AS hit",
+        "rep_stats_extra": ",\n           list_avg(list(mv_acc ORDER BY rep)) AS mv_accuracy_test"
+        ",\n           list_avg(list(hit ORDER BY rep)) AS hit_rate_test",
+    }
+
+
 def conformal_sql(score: str, by: Sequence[str], params: dict) -> str:
     """The rendered query of conformal_lac / conformal_aps / conformal_sampling."""
     values = _common(by, params)
@@ -203,7 +226,7 @@ def conformal_sql(score: str, by: Sequence[str], params: dict) -> str:
         "WITH "
         + _units_sql(score, values, params, None)
         + ",\n"
-        + _render("conf_split.sql", **values)
+        + _render("conf_split.sql", **values, **_split_extra(score))
         + ",\n"
         + _render(summary, **values)
     )
@@ -222,7 +245,7 @@ def coverage_by_sql(by: Sequence[str], params: dict) -> str:
         "WITH "
         + _units_sql(str(score), values, params, cov)
         + ",\n"
-        + _render("conf_split.sql", **values)
+        + _render("conf_split.sql", **values, **_split_extra(str(score)))
         + ",\n"
         + _render("conf_coverage_by.sql", group_source=source, cov_name=cov, **values)
     )

@@ -4,12 +4,11 @@
 groups AS (
     SELECT DISTINCT gid, {by_list} FROM {group_source}
 )
-SELECT {g_by} u.cov AS {cov_name},
+SELECT {g_by} ts.cov AS {cov_name},
        count(*) / {repeats} AS n_test_mean, count(DISTINCT ts.rep)::BIGINT AS repeats_with_test,
        avg(ts.covered::INTEGER) AS coverage, avg(ts.set_size) AS set_size_mean,
        avg((ts.set_size = 0)::INTEGER) AS empty_rate
 FROM test_sets ts
-JOIN units u USING (gid, sid, run_id, ukey)
 JOIN groups g USING (gid)
-GROUP BY {g_gid_by}, u.cov
-ORDER BY gid, u.cov NULLS LAST
+GROUP BY {g_gid_by}, ts.cov
+ORDER BY gid, ts.cov NULLS LAST

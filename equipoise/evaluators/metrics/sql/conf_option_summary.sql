@@ -7,7 +7,7 @@ groups AS (
     GROUP BY {gid_by}
 ),
 target_unscored AS (
-    SELECT gid, count_if(unscored) AS n_target_unscored FROM opt WHERE is_target GROUP BY gid
+    SELECT gid, count_if(target_unscored) AS n_target_unscored FROM units GROUP BY gid
 )
 SELECT {g_by} g.n_items::BIGINT AS n_items, (g.n_items - g.n_unscored)::BIGINT AS n_scored,
        g.n_unscored::BIGINT AS n_unscored, coalesce(tu.n_target_unscored, 0)::BIGINT AS n_target_unscored,

@@ -10,27 +10,12 @@ groups AS (  -- counted per gid first: `pools` has columns (run_id) that may als
     FROM (SELECT DISTINCT gid, {by_list} FROM samp) keys
     JOIN pool_counts pc USING (gid)
 ),
-unit_extra AS (
-    SELECT u.gid, u.sid, u.run_id, u.ukey, u.m, u.m_option, u.hit,
-           coalesce(v.mv_option_id = u.target_option_id, false) AS mv_correct
-    FROM units u
-    LEFT JOIN vote v USING (gid, sid, run_id, ukey)
-),
 all_stats AS (
     SELECT gid, count(*) AS n_units, min(m) AS m_min, max(m) AS m_max, avg(m) AS m_mean,
            sum(m - m_option) AS n_samples_no_option,
            avg(mv_correct::INTEGER) AS mv_accuracy, avg(hit::INTEGER) AS hit_rate
-    FROM unit_extra
+    FROM units
     GROUP BY gid
-),
-test_extra AS (
-    SELECT ts.gid, ts.rep, avg(e.mv_correct::INTEGER) AS mv_acc, avg(e.hit::INTEGER) AS hit
-    FROM test_sets ts
-    JOIN unit_extra e USING (gid, sid, run_id, ukey)
-    GROUP BY ts.gid, ts.rep
-),
-test_stats AS (
-    SELECT gid, avg(mv_acc) AS mv_accuracy_test, avg(hit) AS hit_rate_test FROM test_extra GROUP BY gid
 )
 SELECT {g_by} g.n_pools::BIGINT AS n_pools, g.n_target_mismatch::BIGINT AS n_target_mismatch,
        coalesce(a.n_units, 0)::BIGINT AS n_units, a.m_min, a.m_max, a.m_mean,
@@ -38,10 +23,9 @@ SELECT {g_by} g.n_pools::BIGINT AS n_pools, g.n_target_mismatch::BIGINT AS n_tar
        coalesce(ts.n_cal, 0)::BIGINT AS n_cal, coalesce(rs.n_test, 0)::BIGINT AS n_test,
        {repeats} AS repeats, {alpha} AS alpha, ts.k_order, coalesce(ts.n_full_repeats, 0)::BIGINT AS n_full_repeats,
        ts.q_hat_mean, ts.q_hat_sd, rs.set_size_mean, rs.set_size_sd, rs.coverage_mean, rs.coverage_sd,
-       rs.empty_rate, a.mv_accuracy, a.hit_rate, te.mv_accuracy_test, te.hit_rate_test
+       rs.empty_rate, a.mv_accuracy, a.hit_rate, rs.mv_accuracy_test, rs.hit_rate_test
 FROM groups g
 LEFT JOIN all_stats a USING (gid)
 LEFT JOIN thr_stats ts USING (gid)
 LEFT JOIN rep_stats rs USING (gid)
-LEFT JOIN test_stats te USING (gid)
 ORDER BY gid
