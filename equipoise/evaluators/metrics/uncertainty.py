@@ -202,8 +202,7 @@ def _normalized(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict)
         by,
         params,
         split_key=_split_key(params),
-        score_casts=", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
-        score_list=", ".join(cols),
+        **_score_columns_sql(cols),
         holdout_fraction=repr(_fraction(params, "holdout_fraction")),
         upper_quantile=repr(q),
         keep="true" if params["include_holdout"] else "NOT in_holdout",
@@ -211,28 +210,22 @@ def _normalized(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict)
     return con.execute(sql).df()
 
 
+def _score_columns_sql(cols: Sequence[str]) -> dict[str, str]:
+    """The two fragments every long-format score query needs: DOUBLE casts and the UNPIVOT list."""
+    return {
+        "score_casts": ", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
+        "score_list": ", ".join(cols),
+    }
+
+
 def _auroc(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
-    sql = _wrapped(
-        "unc_auroc",
-        by,
-        params,
-        score_casts=", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
-        score_list=", ".join(cols),
-    )
-    return con.execute(sql).df()
+    return con.execute(_wrapped("unc_auroc", by, params, **_score_columns_sql(cols))).df()
 
 
 def _summary(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     cols = _columns(params, "scores", SCORE_COLUMNS)
-    sql = _wrapped(
-        "unc_summary",
-        by,
-        params,
-        score_casts=", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
-        score_list=", ".join(cols),
-    )
-    return con.execute(sql).df()
+    return con.execute(_wrapped("unc_summary", by, params, **_score_columns_sql(cols))).df()
 
 
 def combiner_features(
