@@ -32,6 +32,11 @@ reference computing the same numbers, in one run, each path in its own process.
    process and the store size, and writes JSON (default ``benchmarks/results/metrics_<rows>.json``)
    with the machine.
 
+Each metric's frame is written to Parquet as soon as it is computed and then dropped (neither the
+write's time nor its memory counts; CPU seconds include it). ``--memory-limit 2GB`` gives the DuckDB
+path the same cap as ``equipoise metrics --memory-limit`` (DuckDB spills the rest to
+``<store>.tmp``): the way to keep its memory below the store's size on a large store.
+
 Times exclude Python imports (both paths) and store creation. ``--paths duckdb`` runs the DuckDB
 path alone (e.g. at 10M rows, where the reference is impractical). Exit status 0 when every compared
 cell agrees, 1 on any mismatch or a failed metric.
@@ -252,46 +257,80 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _save(outdir: Path, results: dict, times: dict, errors: dict, extra: dict) -> None:
-    """Peak RSS is read before anything is written, so saving the results does not count."""
-    peak = _peak_mib()
-    for name, df in results.items():
-        df.to_pickle(outdir / f"{name}.pkl")
-    (outdir / "timings.json").write_text(
-        json.dumps({"times": times, "errors": errors, "peak_rss_mib": peak, **extra}, indent=2)
-    )
+def _reset_peak() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux ``clear_refs`` 5), so that writing a
+    result to disk, which the timed path does not need, does not count in its peak."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
 
 
-def child_duckdb(store: Path, outdir: Path) -> None:
+class _Results:
+    """Each metric's frame goes to Parquet as soon as it is computed and is then dropped: holding
+    every frame (tens of millions of rows at 10M predictions) would measure the benchmark, not the
+    path. The peak reported is the largest high-water mark seen while computing; the write of each
+    frame is excluded by resetting the mark after it (where Linux allows, else it is included and
+    ``peak_includes_writes`` says so)."""
+
+    def __init__(self, outdir: Path) -> None:
+        self.outdir, self.peak, self.hwm = outdir, _peak_mib(), {}
+        self.times: dict[str, float] = {}
+        self.errors: dict[str, str] = {}
+        self.resets = True
+
+    def step(self, name: str, seconds: float, df: Any = None) -> None:
+        self.times[name] = seconds
+        self.hwm[name] = _peak_mib()
+        self.peak = max(self.peak, self.hwm[name])
+        if df is not None:
+            df.to_parquet(self.outdir / f"{name}.parquet", index=False)
+            self.resets = _reset_peak() and self.resets
+
+    def save(self, extra: dict) -> None:
+        info = {"times": self.times, "errors": self.errors, "peak_rss_mib": self.peak, **extra}
+        info.update(peak_rss_after_mib=self.hwm, peak_includes_writes=not self.resets)
+        (self.outdir / "timings.json").write_text(json.dumps(info, indent=2))
+
+
+def child_duckdb(store: Path, outdir: Path, memory_limit: str | None) -> None:
     """The `equipoise metrics` path (cli.metrics with no options), timed per step."""
     from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare
     from equipoise.evaluators.store import connect
 
     _load_all()
     base_mib = (_proc_kib("VmRSS") or 0) / 1024
-    results, times, errors, hwm = {}, {}, {}, {}
-    t_all, cpu0 = time.perf_counter(), _cpu_s()
+    res = _Results(outdir)
+    cpu0 = _cpu_s()
     t0 = time.perf_counter()
-    con = connect(store, read_only=True)
+    con = connect(store, read_only=True, memory_limit=memory_limit)
     threads, mem_limit = con.execute(
         "SELECT current_setting('threads'), current_setting('memory_limit')"
     ).fetchall()[0]
     prepare(con, materialize=True)
-    times["(open + prepare)"] = time.perf_counter() - t0
-    hwm["(open + prepare)"] = _peak_mib()
+    res.step("(open + prepare)", time.perf_counter() - t0)
     for name in sorted(REGISTRY):
         t0 = time.perf_counter()
+        df = None
         try:
-            results[name] = compute(con, name, by=None, params={})
+            df = compute(con, name, by=None, params={})
         except Exception:  # a failing metric is reported, not fatal to the benchmark
-            errors[name] = traceback.format_exc(limit=3)
-        times[name] = time.perf_counter() - t0
-        hwm[name] = _peak_mib()
+            res.errors[name] = traceback.format_exc(limit=3)
+        res.step(name, time.perf_counter() - t0, df)
+        del df
     con.close()
-    total, cpu = time.perf_counter() - t_all, _cpu_s() - cpu0
-    extra = {"total_s": total, "cpu_s": cpu, "baseline_rss_mib": base_mib, "peak_rss_after_mib": hwm}
-    extra.update(threads=threads, memory_limit=mem_limit)
-    _save(outdir, results, times, errors, extra)
+    # total = the sum of the timed steps: the Parquet writes between them are not the path's work
+    total, cpu = sum(res.times.values()), _cpu_s() - cpu0
+    res.save(
+        {
+            "total_s": total,
+            "cpu_s": cpu,
+            "baseline_rss_mib": base_mib,
+            "threads": threads,
+            "memory_limit": mem_limit,
+        }
+    )
 
 
 def child_reference(store: Path, outdir: Path) -> None:
@@ -299,30 +338,28 @@ def child_reference(store: Path, outdir: Path) -> None:
     import metrics_reference as ref
 
     base_mib = (_proc_kib("VmRSS") or 0) / 1024
-    results, times, errors, hwm = {}, {}, {}, {}
-    t_all, cpu0 = time.perf_counter(), _cpu_s()
+    res = _Results(outdir)
+    cpu0 = _cpu_s()
     t0 = time.perf_counter()
     tables = ref.read_tables(store)
-    times["(read tables)"] = time.perf_counter() - t0
-    hwm["(read tables)"] = _peak_mib()
+    res.step("(read tables)", time.perf_counter() - t0)
     t0 = time.perf_counter()
     data = ref.Data(tables)
-    times["(joins + softmax)"] = time.perf_counter() - t0
-    hwm["(joins + softmax)"] = _peak_mib()
+    res.step("(joins + softmax)", time.perf_counter() - t0)
     for name, (fn, _) in sorted(ref.REFERENCE.items()):
         t0 = time.perf_counter()
+        df = None
         try:
-            results[name] = fn(data)
+            df = fn(data)
         except Exception:  # reported, not fatal
-            errors[name] = traceback.format_exc(limit=4)
-        times[name] = time.perf_counter() - t0
-        hwm[name] = _peak_mib()
-    total, cpu = time.perf_counter() - t_all, _cpu_s() - cpu0
-    extra = {"total_s": total, "cpu_s": cpu, "baseline_rss_mib": base_mib, "peak_rss_after_mib": hwm}
-    _save(outdir, results, times, errors, extra)
+            res.errors[name] = traceback.format_exc(limit=4)
+        res.step(name, time.perf_counter() - t0, df)
+        del df
+    cpu = _cpu_s() - cpu0
+    res.save({"total_s": sum(res.times.values()), "cpu_s": cpu, "baseline_rss_mib": base_mib})
 
 
-def run_child(kind: str, store: Path, outdir: Path) -> dict[str, Any]:
+def run_child(kind: str, store: Path, outdir: Path, memory_limit: str | None = None) -> dict[str, Any]:
     outdir.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
@@ -333,6 +370,7 @@ def run_child(kind: str, store: Path, outdir: Path) -> dict[str, Any]:
         str(store),
         "--workdir",
         str(outdir),
+        *(["--memory-limit", memory_limit] if memory_limit else []),
     ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -409,13 +447,13 @@ def _compare_all(duck_dir: Path, ref_dir: Path) -> dict[str, dict]:
 
     out = {}
     for name, (_, keys) in sorted(ref.REFERENCE.items()):
-        d, r = duck_dir / f"{name}.pkl", ref_dir / f"{name}.pkl"
+        d, r = duck_dir / f"{name}.parquet", ref_dir / f"{name}.parquet"
         if not d.exists() and name not in _registered():
             continue  # a reference for a metric this checkout does not register
         if not d.exists() or not r.exists():
             out[name] = {"mismatches": None, "examples": ["no output on one side (the metric failed)"]}
             continue
-        out[name] = ref.compare(pd.read_pickle(d), pd.read_pickle(r), keys)
+        out[name] = ref.compare(pd.read_parquet(d), pd.read_parquet(r), keys)
     return out
 
 
@@ -430,10 +468,10 @@ def _rows_of(duck_dir: Path, name: str) -> tuple[int | None, bool]:
     """(rows, has numbers): a metric 'has data' when some row has a non-null number beyond counts."""
     import pandas as pd
 
-    p = duck_dir / f"{name}.pkl"
+    p = duck_dir / f"{name}.parquet"
     if not p.exists():
         return None, False
-    df = pd.read_pickle(p)
+    df = pd.read_parquet(p)
     num = df.select_dtypes("number")
     return len(df), bool(len(df) and num.notna().to_numpy().any() and (num.fillna(0).to_numpy() != 0).any())
 
@@ -448,11 +486,19 @@ def main() -> int:
     ap.add_argument("--paths", choices=("both", "duckdb", "reference"), default="both")
     ap.add_argument("--store", type=Path, help="store file to use (built there if missing, and kept)")
     ap.add_argument("--out", type=Path, help="JSON results (default benchmarks/results/metrics_<rows>.json)")
+    ap.add_argument(
+        "--memory-limit",
+        help="DuckDB memory_limit for the DuckDB path (e.g. 2GB; spills the rest to <store>.tmp), "
+        "as `equipoise metrics --memory-limit`; default DuckDB's 80%% of RAM",
+    )
     ap.add_argument("--child", choices=("duckdb", "reference"), help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        (child_duckdb if args.child == "duckdb" else child_reference)(args.store, args.workdir)
+        if args.child == "duckdb":
+            child_duckdb(args.store, args.workdir, args.memory_limit)
+        else:
+            child_reference(args.store, args.workdir)
         return 0
 
     started = datetime.now(UTC).isoformat(timespec="seconds")
@@ -483,7 +529,7 @@ def main() -> int:
     for kind in ("duckdb", "reference"):
         if args.paths in (kind, "both"):
             print(f"running the {kind} path ...", flush=True)
-            runs[kind] = run_child(kind, store, tmp / kind)
+            runs[kind] = run_child(kind, store, tmp / kind, args.memory_limit if kind == "duckdb" else None)
     compared = _compare_all(tmp / "duckdb", tmp / "reference") if len(runs) == 2 else {}
 
     sys.path.insert(0, str(HERE))

@@ -36,15 +36,15 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def _connect(store: Path, read_only: bool = False) -> Any:
-    """Open a store or exit with one line (missing file, locked by another writer)."""
+def _connect(store: Path, read_only: bool = False, memory_limit: str | None = None) -> Any:
+    """Open a store or exit with one line (missing file, locked by another writer, bad limit)."""
     import duckdb
 
     from equipoise.evaluators.store import StoreLockedError, connect
 
     try:
-        return connect(store, read_only=read_only)
-    except (FileNotFoundError, StoreLockedError, duckdb.Error) as exc:
+        return connect(store, read_only=read_only, memory_limit=memory_limit)
+    except (FileNotFoundError, StoreLockedError, ValueError, duckdb.Error) as exc:
         _fail(str(exc).splitlines()[0])
 
 
@@ -749,6 +749,14 @@ def metrics(
         ),
     ] = None,
     list_only: Annotated[bool, typer.Option("--list", help="List the registered metrics and exit.")] = False,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-limit",
+            help="Cap DuckDB's memory, e.g. 2GB; the rest spills to <store>.tmp (slower, but a large "
+            "store then needs less RAM than its own size). Default: DuckDB's 80% of RAM.",
+        ),
+    ] = None,
 ) -> None:
     """Compute registered metrics in SQL over a store, grouped by any strata (model, suite, variant,
     k, framing, condition, specialty, question_type, imaging_modality, ...)."""
@@ -775,7 +783,7 @@ def metrics(
         _fail(f"no selected metric takes parameter(s) {unused}; see equipoise metrics --list")
     from equipoise.evaluators.metrics.registry import prepare
 
-    con = _connect(store, read_only=True)
+    con = _connect(store, read_only=True, memory_limit=memory_limit)
     out: dict[str, Any] = {}
     try:
         prepare(con, materialize=True)  # the base joins once for all metrics, not once per metric
@@ -832,6 +840,14 @@ def report(
     out: Annotated[Path, typer.Option("--out", help="Folder for CSV tables and PNG plots.")] = Path(
         "equipoise-work/report"
     ),
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-limit",
+            help="Cap DuckDB's memory, e.g. 2GB; the rest spills to <store>.tmp (slower, but a large "
+            "store then needs less RAM than its own size). Default: DuckDB's 80% of RAM.",
+        ),
+    ] = None,
 ) -> None:
     """Write every metric as a CSV table and the plots a reader would rather look at (reliability,
     humility deficit, accuracy vs abstention across k, set size, risk-coverage, determinability)."""
@@ -839,7 +855,10 @@ def report(
 
     if not store.exists():
         _fail(f"{store}: no such store")
-    rep = write_report(store, out)
+    try:
+        rep = write_report(store, out, memory_limit=memory_limit)
+    except ValueError as exc:
+        _fail(str(exc).splitlines()[0])
     console.print(f"wrote {len(rep.tables)} tables and {len(rep.plots)} plots to {out}")
     for p in rep.plots:
         console.print(f"  - {out / p}")

@@ -76,3 +76,18 @@ def test_cli_metrics_formats(store):
         app, ["metrics", "--store", str(store), "--metric", "answer_rates", "--by", "bogus"]
     )
     assert r.exit_code == 2 and "cannot group by" in " ".join(r.output.split())
+
+
+def test_cli_memory_limit_gives_the_same_numbers(store):
+    """--memory-limit only moves DuckDB's buffers to disk: every number stays the same, and a
+    limit DuckDB cannot read is refused in one line before anything runs."""
+    names = ["answer_rates", "ece", "conformal_lac", "unc_auroc"]
+    args = ["metrics", "--store", str(store), "--format", "json", "--param", "repeats=3"]
+    for n in names:
+        args += ["--metric", n]
+    free = CliRunner().invoke(app, args)
+    capped = CliRunner().invoke(app, [*args, "--memory-limit", "256MB"])
+    assert free.exit_code == 0 and capped.exit_code == 0, (free.output, capped.output)
+    assert json.loads(free.stdout) == json.loads(capped.stdout)
+    bad = CliRunner().invoke(app, [*args, "--memory-limit", "lots"])
+    assert bad.exit_code == 2 and "memory limit 'lots'" in " ".join(bad.output.split())

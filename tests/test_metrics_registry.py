@@ -10,6 +10,7 @@ metrics`` and ``report`` use) give the same numbers as the views.
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -87,3 +88,68 @@ def test_materialized_base_tables_give_the_same_numbers(store, name):
     pd.testing.assert_frame_equal(
         a.reset_index(drop=True), b.reset_index(drop=True), check_exact=False, rtol=1e-12
     )
+
+
+UNC = ("unc_scores", "unc_normalized", "unc_auroc", "unc_summary", "unc_combiners")
+
+
+@pytest.mark.parametrize("name", UNC)
+@pytest.mark.parametrize("by", [[], ["run_id"], ["variant", "k"], ["model", "condition"]])
+@pytest.mark.parametrize("pool", ["item", "base"])
+def test_cached_uncertainty_scores_match_the_inline_query(store, name, by, pool):
+    """On materialized connections the per-item scores are computed once into a TEMP table and every
+    uncertainty metric reads its strata from it; each grouping and pool must give the inline numbers."""
+    views = duckdb.connect(str(store), read_only=True)
+    tables = duckdb.connect(str(store), read_only=True)
+    try:
+        params = {**_params(name), "pool": pool}
+        a = compute(views, name, by, params)
+        prepare(tables, materialize=True)
+        compute(tables, "unc_scores", ["model"], {"pool": pool})  # fills the cache with another grouping
+        b = compute(tables, name, by, params)
+        n_cache = tables.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name LIKE '_unc_scores_cache_%'"
+        ).fetchone()[0]
+        n_view_cache = views.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name LIKE '_unc_scores_cache_%'"
+        ).fetchone()[0]
+    finally:
+        views.close()
+        tables.close()
+    assert n_cache == 1 and n_view_cache == 0
+    pd.testing.assert_frame_equal(
+        a.reset_index(drop=True), b.reset_index(drop=True), check_exact=False, rtol=1e-12
+    )
+
+
+def _probs(path, threads: int, materialize: bool) -> pd.DataFrame:
+    c = duckdb.connect(str(path), read_only=True, config={"threads": threads})
+    try:
+        prepare(c, materialize=materialize)
+        return c.execute(
+            "SELECT run_id, item_id, sample_index, label, prob FROM option_probs ORDER BY ALL"
+        ).df()
+    finally:
+        c.close()
+
+
+def test_option_probabilities_do_not_depend_on_row_order_or_threads(tmp_path):
+    """The softmax normaliser is summed over a value-sorted list, so each probability is the same
+    double whatever order the scores were stored in and however many threads aggregate them (a
+    plain or parallel sum follows the storage order and varies in its last bit, which moves
+    conformal sets at exact ties)."""
+    from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+
+    path = tmp_path / "p.duckdb"
+    make_store(path, SyntheticSpec(n_items=300, samples=3, n_options=5, seed=11))
+    ref = _probs(path, 1, False)
+    assert len(ref) > 1000 and ref["prob"].between(0, 1).all()
+    sums = ref.groupby(["run_id", "item_id", "sample_index"])["prob"].sum()
+    assert np.allclose(sums, 1.0, atol=1e-12)
+    con = duckdb.connect(str(path))  # same rows, stored in the reverse order
+    con.execute("CREATE TEMP TABLE os_rev AS SELECT * FROM option_scores ORDER BY ALL DESC")
+    con.execute("DELETE FROM option_scores")
+    con.execute("INSERT INTO option_scores SELECT * FROM os_rev")
+    con.close()
+    for threads, materialize in ((1, False), (2, True), (4, True)):
+        pd.testing.assert_frame_equal(ref, _probs(path, threads, materialize), check_exact=True)

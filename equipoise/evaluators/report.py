@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare
+from equipoise.evaluators.store import connect
 
 
 @dataclass
@@ -208,11 +209,12 @@ PLOTS: dict[str, tuple[tuple[str, ...], Callable[[duckdb.DuckDBPyConnection, Pat
 }
 
 
-def write_report(store: Path, out: Path) -> Report:
+def write_report(store: Path, out: Path, memory_limit: str | None = None) -> Report:
+    """Every metric as CSV plus the plots; ``memory_limit`` as in ``store.connect``."""
     _load_all()
+    con = connect(store, read_only=True, memory_limit=memory_limit)
     out.mkdir(parents=True, exist_ok=True)
     rep = Report(out)
-    con = duckdb.connect(str(store), read_only=True)
     try:
         prepare(con, materialize=True)  # the base joins once for every table and plot
         for name in sorted(REGISTRY):

@@ -63,8 +63,10 @@ import pyarrow as pa
 from equipoise.evaluators.metrics.registry import (
     REGISTRY,
     SQL_DIR,
+    STRATA,
     Metric,
     _check_by,
+    _materialized,
     prepare,
     register,
     render_sql,
@@ -174,14 +176,42 @@ def scores_sql(by: Sequence[str], params: dict | None = None) -> str:
     )
 
 
+def _scores_source(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
+    """The unc_scores query for ``by``: computed inline, or read from a per-connection cache.
+
+    Five metrics start from the same per-item scores, which cost more than anything done after
+    them. When the base relations are materialized (a read-only pass over many metrics, see
+    ``registry.prepare``) the scores are computed once per pool with every stratum into a TEMP
+    table, and each metric selects its own strata from it in the same column order, so results are
+    identical to the inline query. With plain views (a connection that may also write) nothing is
+    cached: the scores must follow the store.
+    """
+    params = {**REGISTRY["unc_scores"].params, **(params or {})}
+    by = _check_by(by)
+    if not _materialized(con):
+        return scores_sql(by, params)
+    pool = str(params["pool"])
+    table = f"_unc_scores_cache_{pool}"
+    all_by = [*STRATA]
+    cached = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = ?", [table]
+    ).fetchone()
+    if not cached or cached[0] == 0:
+        # the key is validated by scores_sql before the name is used
+        con.execute(f"CREATE TEMP TABLE {table} AS {scores_sql(all_by, params)}")
+    cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
+    fixed = cols[len([b for b in all_by if b != "run_id"]) :]
+    return f"SELECT {_strata(by)}{', '.join(fixed)} FROM {table} ORDER BY ALL"
+
+
 def _scores(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
-    return con.execute(scores_sql(by, params)).df()
+    return con.execute(_scores_source(con, by, params)).df()
 
 
-def _wrapped(name: str, by: Sequence[str], params: dict, **extra: str) -> str:
+def _wrapped(con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str], params: dict, **extra: str) -> str:
     text = (SQL_DIR / REGISTRY[name].sql).read_text(encoding="utf-8")
     return text.format(
-        scores_sql=scores_sql(by, params), by=_by(by), part=_by(by), strata=_strata(by), **extra
+        scores_sql=_scores_source(con, by, params), by=_by(by), part=_by(by), strata=_strata(by), **extra
     )
 
 
@@ -198,6 +228,7 @@ def _normalized(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict)
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"upper_quantile must lie in [0, 1], got {q}")
     sql = _wrapped(
+        con,
         "unc_normalized",
         by,
         params,
@@ -220,12 +251,12 @@ def _score_columns_sql(cols: Sequence[str]) -> dict[str, str]:
 
 def _auroc(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
-    return con.execute(_wrapped("unc_auroc", by, params, **_score_columns_sql(cols))).df()
+    return con.execute(_wrapped(con, "unc_auroc", by, params, **_score_columns_sql(cols))).df()
 
 
 def _summary(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     cols = _columns(params, "scores", SCORE_COLUMNS)
-    return con.execute(_wrapped("unc_summary", by, params, **_score_columns_sql(cols))).df()
+    return con.execute(_wrapped(con, "unc_summary", by, params, **_score_columns_sql(cols))).df()
 
 
 def combiner_features(
@@ -235,6 +266,7 @@ def combiner_features(
     params = {**REGISTRY["unc_combiners"].params, **(params or {})}
     by = _check_by(by)
     feats = _columns(params, "features", FEATURE_COLUMNS)
+    prepare(con)
     scaled = []
     for f in feats:
         lo = f"min(CASE WHEN is_train THEN {f} END) OVER w"
@@ -244,6 +276,7 @@ def combiner_features(
             f"WHEN {f} IS NOT NULL AND {lo} IS NOT NULL THEN 0.0 END AS {f}_scaled"
         )
     sql = _wrapped(
+        con,
         "unc_combiners",
         by,
         params,
@@ -253,7 +286,6 @@ def combiner_features(
         complete=" AND ".join(f"{f} IS NOT NULL" for f in feats),
         scaled=", ".join(scaled),
     )
-    prepare(con)
     return con.execute(sql).df()
 
 

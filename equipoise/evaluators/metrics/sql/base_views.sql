@@ -25,26 +25,26 @@ WHERE NOT starts_with(r.prompt_style, 'self_eval:');
 
 -- Option probabilities per sample: a softmax over the options that have a score. Options the
 -- backend did not score (outside its top-k) are absent, not imputed; `covered` says how many
--- of the item's options were scored. The normaliser is summed in label order over a list, not by
--- a parallel window sum, so every probability is the same double on every run: conformal sets and
--- ties at thresholds depend on exact values, and a parallel sum's order (hence its last bit) varies.
+-- of the item's options were scored. The normaliser is summed over a list sorted by value, not by
+-- a parallel sum: every probability is then the same double on every run (conformal sets and ties
+-- at thresholds depend on exact values, and a parallel sum's order, hence its last bit, varies),
+-- and the sorted order costs a cheap list sort instead of an ordered aggregate (label-ordered lists
+-- took ~3x as long to build on a 1M-prediction store).
 CREATE OR REPLACE TEMP VIEW option_probs AS
 WITH g AS (
-    SELECT run_id, item_id, sample_index,
-           list(label ORDER BY label)   AS labels,
-           list(logprob ORDER BY label) AS lps,
-           max(logprob)                 AS mx
+    SELECT run_id, item_id, sample_index, max(logprob) AS mx, count(*) AS covered, list(logprob) AS lps
     FROM option_scores
     GROUP BY run_id, item_id, sample_index
 ),
-w AS (
-    SELECT run_id, item_id, sample_index, labels, list_transform(lps, lambda x: exp(x - mx)) AS ws
+z AS (
+    SELECT run_id, item_id, sample_index, mx, covered,
+           list_sum(list_sort(list_transform(lps, lambda x: exp(x - mx)))) AS z
     FROM g
 ),
 u AS (
-    SELECT run_id, item_id, sample_index, unnest(labels) AS label, unnest(ws) / list_sum(ws) AS prob,
-           len(labels) AS covered
-    FROM w
+    SELECT os.run_id, os.item_id, os.sample_index, os.label, exp(os.logprob - z.mx) / z.z AS prob, z.covered
+    FROM option_scores os
+    JOIN z USING (run_id, item_id, sample_index)
 )
 SELECT u.run_id, u.item_id, u.sample_index, u.label, o.option_id, o.role, u.prob, u.covered,
        i.n_options, u.label = i.target_label AS is_target
