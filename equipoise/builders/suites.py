@@ -169,24 +169,30 @@ def clear(items: list[MCQItem], opts: SuiteOptions) -> SuiteResult:
     spaces (gold replaced by NA, the second framing added last). For each item and k one
     distractor subset S_k is drawn and shared by all six tasks, as in the paper's protocol."""
     test = _split(items, opts.eval_split)
-    max_dis = max(sum(o.role == "distractor" for o in i.options) for i in test)
+    n_dis = [sum(o.role == "distractor" for o in i.options) for i in test]
+    max_dis = max(n_dis)
     max_k = min(opts.max_k or max_dis, max_dis)
     configs: dict[str, list[MCQItem]] = {}
     desc: dict[str, str] = {}
     for k in range(1, max_k + 1):
+        # The transforms are pure in (item, k, seed), so S_k is drawn once per item and shared by
+        # all six tasks, and each gold replacement once and shared by the tasks that add a second
+        # framing to it: the same items as re-deriving them per task, without the repeated work.
+        kept = [
+            keep_k_distractors(it, k, seed=opts.seed) for it, n in zip(test, n_dis, strict=True) if n >= k
+        ]
+        replaced: dict[str, list[MCQItem]] = {}
         for task, (repl, extra) in CLEAR_TASKS.items():
             name = f"k{k}_{task}"
-            rows = []
-            for it in test:
-                if sum(o.role == "distractor" for o in it.options) < k:
-                    continue
-                x = keep_k_distractors(it, k, seed=opts.seed)
-                if repl is not None:
-                    x = replace_gold(x, repl, position="gold", seed=opts.seed)
-                if extra is not None:
-                    x = insert_abstain(x, extra, position="last", seed=opts.seed)
-                rows.append(set_variant(x, name))
-            configs[name] = rows
+            if repl is None:
+                base = kept
+            else:
+                if repl not in replaced:
+                    replaced[repl] = [replace_gold(x, repl, position="gold", seed=opts.seed) for x in kept]
+                base = replaced[repl]
+            if extra is not None:
+                base = [insert_abstain(x, extra, position="last", seed=opts.seed) for x in base]
+            configs[name] = [set_variant(x, name) for x in base]
             target = "the gold answer" if repl is None else f"'{repl}' (gold removed)"
             desc[name] = f"{k} distractor(s); target {target}" + (
                 f"; '{extra}' also offered" if extra else ""

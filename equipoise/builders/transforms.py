@@ -5,13 +5,20 @@ order and keeps each option's ``option_id``, so the target follows the option's 
 letter. Randomness comes only from ``random.Random(sub_seed(seed, transform, base_id, ...))``: the
 same item and seed give the same result regardless of build order, and a derived variant (AP) reuses
 exactly the choices of its parent (A's abstain position, NAP's edit).
+
+Every model here is frozen, so a new item shares its unchanged parts (options whose letter stays,
+earlier provenance steps, the source and metadata, the fixed abstain / NOTA options and identical
+provenance steps) with other items instead of copying them; each emitted item is still validated.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Sequence
+
+from pydantic import BaseModel, ValidationError
 
 from equipoise.builders.clindet import sub_seed
 from equipoise.schemas.clindet import canonical_json
@@ -27,15 +34,75 @@ from equipoise.schemas.items import (
 
 TRANSFORM_VERSION = "1.0.0"
 
+# MCQItem's fields in declaration order: read once rather than through pydantic's generic __iter__
+_ITEM_FIELDS: tuple[str, ...] = tuple(MCQItem.model_fields)
+
+# runs of whitespace left where a key-fact span was cut out (compiled once, used per item)
+_MULTISPACE = re.compile(r"\s{2,}")
+
 
 class TransformError(ValueError):
     """A transform that cannot apply to an item (names the item and the reason)."""
 
 
+# Provenance steps repeat across items (every NOTA item gets the same ``add_nota`` step), and a
+# step is immutable, so an identical one is shared instead of re-encoding its JSON and re-validating
+# it per item. Bounded: emptied when full (a cache miss only costs the rebuild).
+_STEP_CACHE: dict[tuple[object, ...], TransformStep] = {}
+_STEP_CACHE_MAX = 4096
+
+
+class _Uncacheable(Exception):
+    """A parameter value the step cache does not key (the step is then built uncached)."""
+
+
+def _key(value: object) -> object:
+    """Hashable key that tells apart what JSON tells apart: the type travels with the value, since
+    ``1 == True`` but they encode as ``1`` and ``true``. Floats are left out (``0.0 == -0.0``)."""
+    kind = type(value)
+    if value is None or kind is str or kind is int or kind is bool:
+        return (kind, value)
+    if kind is list and isinstance(value, list):  # (isinstance only narrows the type)
+        return (kind, tuple(_key(v) for v in value))
+    raise _Uncacheable
+
+
+def _step_key(name: str, params: dict, seed: int | None) -> tuple[object, ...] | None:
+    """Cache key of a step without extra fields, or None when a value is not one the key covers."""
+    if type(name) is not str or type(params) is not dict or not (seed is None or type(seed) is int):
+        return None
+    try:
+        keyed = []
+        for k, v in params.items():
+            if type(k) is not str:
+                return None
+            keyed.append((k, _key(v)))
+    except _Uncacheable:
+        return None
+    return (name, seed, tuple(keyed))
+
+
 def _step(name: str, params: dict, seed: int | None = None, **extra: object) -> TransformStep:
-    return TransformStep(
+    key = None if extra else _step_key(name, params, seed)
+    if key is not None:
+        hit = _STEP_CACHE.get(key)
+        if hit is not None:
+            return hit
+    step = TransformStep(
         name=name, version=TRANSFORM_VERSION, params_json=canonical_json(params), seed=seed, **extra
     )
+    if key is not None:
+        if len(_STEP_CACHE) >= _STEP_CACHE_MAX:
+            _STEP_CACHE.clear()
+        _STEP_CACHE[key] = step
+    return step
+
+
+def _relabel(option: Option, label: str) -> Option:
+    """``option`` shown under ``label``; the same (immutable) object when the letter is unchanged."""
+    if option.label == label:
+        return option
+    return option.model_copy(update={"label": label})
 
 
 def _rebuild(
@@ -46,22 +113,60 @@ def _rebuild(
     *,
     question: str | None = None,
     abstain_expected: bool | None = None,
+    item_id: str | None = None,
 ) -> MCQItem:
-    relettered = [o.model_copy(update={"label": LETTERS[i]}) for i, o in enumerate(options)]
+    # Options are relettered by index into LETTERS, so every label matches the field's ^[A-Z]$
+    # pattern by construction (more than 26 options fails here, as it always did).
+    relettered = [_relabel(o, LETTERS[i]) for i, o in enumerate(options)]
     target = next(o.label for o in relettered if o.option_id == target_id)
-    data = item.model_dump()
+    data = {name: getattr(item, name) for name in _ITEM_FIELDS}
     data.update(
-        options=[o.model_dump() for o in relettered],
+        options=relettered,
         target_label=target,
         question=question if question is not None else item.question,
         abstain_expected=item.abstain_expected if abstain_expected is None else abstain_expected,
-        provenance=[*data["provenance"], step.model_dump()],
+        provenance=[*item.provenance, step],
     )
-    # re-validate: a transform can never emit an item that breaks the schema's invariants
-    return MCQItem.model_validate(data)
+    if item_id is not None:
+        data["item_id"] = item_id
+    # Re-validate: a transform can never emit an item that breaks the schema's invariants. The
+    # nested values are already-validated frozen models (Option, SourceRef, ItemMetadata,
+    # TransformStep), which pydantic accepts as they are instead of re-validating a dump of
+    # them; the item's own fields and its model validator (labels, target, ids, gold) still run.
+    try:
+        return MCQItem.model_validate(data)
+    except ValidationError:
+        # The error's text embeds the input, and it is recorded in a build's manifest (failures),
+        # so raise it from the plain-data form the transforms have always validated.
+        MCQItem.model_validate(_plain(data))
+        raise
+
+
+def _plain(data: dict[str, object]) -> dict[str, object]:
+    """``data`` with every nested model dumped to plain dicts (the rare error path only)."""
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        if isinstance(value, list):
+            out[key] = [v.model_dump() if isinstance(v, BaseModel) else v for v in value]
+        else:
+            out[key] = value.model_dump() if isinstance(value, BaseModel) else value
+    return out
 
 
 def _abstain_option(framing: str, text: str | None = None) -> Option:
+    if text is None:
+        return _standard_abstain_option(framing)
+    return _make_abstain_option(framing, text)
+
+
+@functools.lru_cache(maxsize=16)
+def _standard_abstain_option(framing: str) -> Option:
+    # validated once per framing and then shared: options are frozen, and the standard texts recur
+    # in every item of a config (an unknown framing raises and is not cached)
+    return _make_abstain_option(framing, None)
+
+
+def _make_abstain_option(framing: str, text: str | None) -> Option:
     return Option(
         label="A",
         text=text or ABSTAIN_TEXT[framing],
@@ -71,13 +176,16 @@ def _abstain_option(framing: str, text: str | None = None) -> Option:
     )
 
 
+@functools.lru_cache(maxsize=1)
 def _nota_option() -> Option:
     return Option(label="A", text=NOTA_TEXT, role="nota", option_id="nota")
 
 
-def _position(n_slots: int, position: int | str, rng: random.Random, item: MCQItem) -> int:
+def _position(n_slots: int, position: int | str, item: MCQItem, *seed_parts: object) -> int:
+    """Slot for an inserted option; the seeded generator is only built for ``'random'``, the one
+    choice that draws from it (fixed positions never consumed a number, so output is unchanged)."""
     if position == "random":
-        return rng.randrange(n_slots)
+        return random.Random(sub_seed(*seed_parts)).randrange(n_slots)
     if position == "last":
         return n_slots - 1
     if isinstance(position, int) and 0 <= position < n_slots:
@@ -95,9 +203,8 @@ def insert_abstain(
     """Add an abstain option (the target is unchanged): MedAbstain's A variant, CLEAR's +IDK."""
     if any(o.framing == framing for o in item.options):
         raise TransformError(f"{item.item_id}: already has an abstain option framed {framing}")
-    rng = random.Random(sub_seed(seed, "insert_abstain", item.base_id, framing))
     opts = list(item.options)
-    pos = _position(len(opts) + 1, position, rng, item)
+    pos = _position(len(opts) + 1, position, item, seed, "insert_abstain", item.base_id, framing)
     opts.insert(pos, _abstain_option(framing, text))
     step = _step("insert_abstain", {"framing": framing, "position": position, "index": pos}, seed)
     return _rebuild(item, opts, item.target.option_id, step)
@@ -115,8 +222,11 @@ def replace_gold(item: MCQItem, replacement: str = "NA", position: str = "gold",
     new = _nota_option() if replacement == "nota" else _abstain_option(replacement)
     if any(o.option_id == new.option_id for o in opts):
         raise TransformError(f"{item.item_id}: already has option {new.option_id}")
-    rng = random.Random(sub_seed(seed, "replace_gold", item.base_id, replacement))
-    pos = idx if position == "gold" else _position(len(opts) + 1, position, rng, item)
+    pos = (
+        idx
+        if position == "gold"
+        else _position(len(opts) + 1, position, item, seed, "replace_gold", item.base_id, replacement)
+    )
     opts.insert(pos, new)
     step = _step("replace_gold", {"replacement": replacement, "position": position, "index": pos}, seed)
     return _rebuild(item, opts, new.option_id, step)
@@ -126,9 +236,8 @@ def add_nota(item: MCQItem, position: int | str = "last", seed: int = 0) -> MCQI
     """Add a 'None of the options is correct' distractor while the gold stays (NOTA's +nota)."""
     if any(o.role == "nota" for o in item.options):
         raise TransformError(f"{item.item_id}: already has a NOTA option")
-    rng = random.Random(sub_seed(seed, "add_nota", item.base_id))
     opts = list(item.options)
-    pos = _position(len(opts) + 1, position, rng, item)
+    pos = _position(len(opts) + 1, position, item, seed, "add_nota", item.base_id)
     opts.insert(pos, _nota_option())
     return _rebuild(item, opts, item.target.option_id, _step("add_nota", {"position": position}, seed))
 
@@ -165,8 +274,7 @@ def shuffle_options(item: MCQItem, n: int, seed: int = 0) -> list[MCQItem]:
                 break
         seen.add(key)
         step = _step("shuffle_options", {"n": n, "index": i, "order": list(key)}, seed)
-        new = _rebuild(item, perm, item.target.option_id, step)
-        out.append(new.model_copy(update={"item_id": f"{item.item_id}~p{i}"}))
+        out.append(_rebuild(item, perm, item.target.option_id, step, item_id=f"{item.item_id}~p{i}"))
     return out
 
 
@@ -180,7 +288,7 @@ def remove_key_context_span(item: MCQItem) -> MCQItem:
         raise TransformError(f"{item.item_id}: no annotated key_fact to remove")
     if item.question.count(fact) != 1:
         raise TransformError(f"{item.item_id}: key_fact does not occur exactly once in the question")
-    edited = re.sub(r"\s{2,}", " ", item.question.replace(fact, " ")).strip()
+    edited = _MULTISPACE.sub(" ", item.question.replace(fact, " ")).strip()
     step = _step(
         "remove_key_context", {"method": "span"}, None, removed_text=fact, original_question=item.question
     )

@@ -21,9 +21,16 @@ CONDITIONS: tuple[Condition, ...] = (
 DecisionLabel = Literal["Met", "Not met", "Unable to determine"]
 
 
+# ``json.dumps`` with non-default options builds a fresh encoder on every call; canonical JSON is
+# written once per transform step, so one encoder with exactly those options is built here and
+# reused (``dumps`` itself does nothing but ``JSONEncoder(**options).encode(obj)``; encoders keep no
+# state between calls).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(obj: object) -> str:
     """Deterministic JSON (sorted keys, no spaces) so identical content hashes identically."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(obj)
 
 
 class DeterminabilityCase(BaseModel):
