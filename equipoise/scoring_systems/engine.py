@@ -12,6 +12,16 @@ shared missing finding, and combines clusters by an exact sumset convolution tha
 completions and keeps a witness completion for every reachable total.
 
 Points are scaled to integers (e.g. Wells PE's 1.5 becomes 3 half-points) so the arithmetic is exact.
+
+Why it is fast
+--------------
+Labelling many partial cases of one system repeats the same work, so a compiled system keeps
+bounded memo caches (see `_FastPath`): the clustering of each missing set, each cluster's sub-total
+distribution per context of known classes it reads, and the clusters' summed distribution per
+missing set and contexts. Known inputs outside the clusters only add a constant, which shifts a
+cached distribution without changing its counts or witnesses. Every cached value is a pure
+function of its key and is computed in the same order as the plain enumeration, so results,
+witnesses included, are exactly those of the uncached algorithm.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -291,6 +302,8 @@ class CompiledSystem:
     segment_index: dict[str, tuple[list[float], list[float], list[int]]] = field(default_factory=dict)
     # criterion id -> (lowest, highest) scaled total that meets it (None = unbounded)
     criterion_bounds: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+    # positional tables and bounded memo caches behind `evaluate` / `reachable_scaled` (private)
+    _fast: _FastPath = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for inp_id, per_class in self.class_ranges.items():
@@ -313,6 +326,7 @@ class CompiledSystem:
                 if x is not None
             ]
             self.criterion_bounds[crit.id] = (max(los) if los else None, min(his) if his else None)
+        self._fast = _FastPath(self)
 
     def holds_scaled(self, criterion_id: str, t: int) -> bool:
         lo, hi = self.criterion_bounds[criterion_id]
@@ -483,40 +497,6 @@ def _fmt(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:g}"
 
 
-def _clusters(cs: CompiledSystem, missing: set[str]) -> tuple[list[tuple[list[int], list[str]]], list[int]]:
-    """Group units linked through shared missing inputs; return clusters and fixed units."""
-    parent = list(range(len(cs.units)))
-
-    def find(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for inp in missing:
-        us = cs.units_by_input[inp]
-        for u in us[1:]:
-            ra, rb = find(us[0]), find(u)
-            if ra != rb:
-                parent[rb] = ra
-    groups: dict[int, list[int]] = {}
-    fixed: list[int] = []
-    for ui, u in enumerate(cs.units):
-        if any(i in missing for i in u.inputs):
-            groups.setdefault(find(ui), []).append(ui)
-        else:
-            fixed.append(ui)
-    clusters = []
-    for us in groups.values():
-        ins: list[str] = []
-        for ui in us:
-            for i in cs.units[ui].inputs:
-                if i in missing and i not in ins:
-                    ins.append(i)
-        clusters.append((us, ins))
-    return clusters, fixed
-
-
 def _clamp(cs: CompiledSystem, s: int) -> int:
     sy = cs.system
     if sy.total_max is not None:
@@ -526,89 +506,583 @@ def _clamp(cs: CompiledSystem, s: int) -> int:
     return s
 
 
+# ---------------------------------------------------------------------------------------------
+# Fast path: positional tables, one plan per missing set, memoised distributions
+# ---------------------------------------------------------------------------------------------
+# Every cache below maps a key to a pure function of that key, so dropping entries only costs a
+# recomputation. A full cache is cleared rather than trimmed: ``dict.clear`` is atomic under the
+# GIL, so threads sharing a compiled system never see a half-evicted cache, and memory stays bounded.
+_PLAN_CACHE_CAP = 4096  # missing-input sets per system (2**inputs at most)
+_CLUSTER_CACHE_CAP = 4096  # distinct (units, missing inputs) clusters per system
+_CONTRIB_CACHE_CAP = 16384  # (cluster, known classes it reads) -> its sub-total distribution
+_DIST_CACHE_CAP = 4096  # (missing set, known classes the clusters read) -> summed distribution
+
+_BINARY, _CATEGORICAL, _NUMERIC = 0, 1, 2
+_REAL = (int, float)  # what `int | float` accepts, without building a union object per call
+
+# a cluster's sub-totals as (sub-total, completions, witness class tuple), in first-reached order
+_Contrib = list[tuple[int, int, tuple[int, ...]]]
+
+
+class _Cluster:
+    """Units linked through shared missing inputs, ready to enumerate.
+
+    Its distribution of sub-totals depends only on the classes of the known inputs its units also
+    read (its context), so it is enumerated once per distinct context and reused by every later
+    case whose missing set produces the same cluster (see `_FastPath._convolve`).
+    """
+
+    __slots__ = ("cid", "ctx_get", "ins", "ins_classes", "ins_ids", "ranges", "units")
+
+    def __init__(self, fast: _FastPath, cid: int, us: tuple[int, ...], missing_bits: int) -> None:
+        ins: list[int] = []  # missing inputs in first-read order: the witness key order
+        ctx: list[int] = []
+        for ui in us:
+            for p in fast.units[ui][0]:
+                if missing_bits >> p & 1:
+                    if p not in ins:
+                        ins.append(p)
+                elif p not in ctx:
+                    ctx.append(p)
+        self.cid = cid
+        self.ins = tuple(ins)
+        self.ins_ids = tuple(fast.ids[p] for p in ins)
+        self.ins_classes = tuple(fast.classes[p] for p in ins)
+        self.ranges = tuple(fast.class_ranges[p] for p in ins)
+        # class vector -> hashable context key (an int for one known input, a tuple for several)
+        self.ctx_get = operator.itemgetter(*ctx) if ctx else None
+        # per unit: flat table, its known (position, stride) pairs, its stride for each of `ins`
+        self.units: list[tuple[list[int], tuple[tuple[int, int], ...], tuple[int, ...]]] = []
+        for ui in us:
+            upos, strides, flat = fast.units[ui]
+            stride_of = dict(zip(upos, strides, strict=True))
+            known = tuple((p, st) for p, st in stride_of.items() if not missing_bits >> p & 1)
+            self.units.append((flat, known, tuple(stride_of.get(p, 0) for p in ins)))
+
+    def enumerate(self, kc: list[int]) -> _Contrib:
+        """Every class combination of the missing inputs, in ``itertools.product`` order.
+
+        The order matters: the first combination reaching a sub-total is its witness, exactly as
+        in the plain enumeration this replaces, so witnesses never change.
+        """
+        units = [
+            (flat, sum(kc[p] * st for p, st in known), ins_strides) for flat, known, ins_strides in self.units
+        ]
+        mul = operator.mul
+        counts: dict[int, int] = {}
+        wits: dict[int, tuple[int, ...]] = {}
+        for combo in itertools.product(*self.ranges):
+            s = 0
+            for flat, base, ins_strides in units:
+                s += flat[base + sum(map(mul, combo, ins_strides))]
+            if s in counts:
+                counts[s] += 1
+            else:
+                counts[s] = 1
+                wits[s] = combo
+        return [(s, c, wits[s]) for s, c in counts.items()]
+
+
+class _Dist:
+    """Summed distribution of a plan's clusters, *before* adding the fixed units' constant.
+
+    Shifting every sum by the same constant keeps collisions and visiting order, so one
+    distribution serves every case that differs only in known inputs outside the clusters.
+    ``counts``/``wits`` keep first-reached order (what `reachable_scaled` returns); ``totals``
+    and ``cum`` are the sorted sums and their prefix counts (what the labels need); ``shown``
+    holds witnesses already turned into finding values, which callers only ever get copies of.
+    """
+
+    __slots__ = ("counts", "cum", "shown", "totals", "wits")
+
+    def __init__(self, counts: dict[int, int], wits: dict[int, tuple[int, ...]]) -> None:
+        self.counts = counts
+        self.wits = wits
+        self.shown: dict[int, dict[str, Value]] = {}
+        self.totals = sorted(counts)
+        self.cum = list(itertools.accumulate(map(counts.__getitem__, self.totals)))
+
+
+class _ScaledTotals(dict[int, float]):
+    """Scaled total -> reported value (as `CompiledSystem.from_scaled`), computed on first use.
+
+    A system reaches only a few distinct totals, so the map stays small without a cap.
+    """
+
+    __slots__ = ("scale",)
+
+    def __init__(self, scale: int) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def __missing__(self, t: int) -> float:
+        v = t / self.scale
+        v = float(int(v)) if v.is_integer() else v
+        self[t] = v
+        return v
+
+
+class _Plan:
+    """Everything about one missing set that does not depend on the known values."""
+
+    __slots__ = (
+        "clusters",
+        "ctx_gets",
+        "dist",
+        "fixed1",
+        "fixedn",
+        "mask",
+        "missing",
+        "order",
+        "order_classes",
+    )
+
+    def __init__(
+        self,
+        mask: int,
+        fixed1: tuple[tuple[int, list[int]], ...],
+        fixedn: tuple[tuple[tuple[int, ...], tuple[int, ...], list[int]], ...],
+        clusters: tuple[_Cluster, ...],
+        order: tuple[str, ...],
+        order_classes: tuple[list[Value], ...],
+        missing: tuple[str, ...],
+    ) -> None:
+        self.mask = mask
+        self.fixed1 = fixed1  # single-input fixed units: (input position, points per class)
+        self.fixedn = fixedn  # other fixed units: (positions, mixed-radix strides, flat table)
+        self.clusters = clusters
+        # context getters of the clusters that read known inputs: with none, one distribution
+        # serves every case of this missing set and is kept right here in `dist`
+        self.ctx_gets = tuple(cl.ctx_get for cl in clusters if cl.ctx_get is not None)
+        self.dist: _Dist | None = None
+        self.order = order  # witness keys: the clusters' missing inputs, cluster by cluster
+        self.order_classes = order_classes  # class representatives of each witness key
+        self.missing = missing  # missing input ids in definition order
+
+
+class _FastPath:
+    """Per-system lookup tables and caches behind `evaluate` and `reachable_scaled`.
+
+    Inputs are addressed by position, sets of inputs by bit masks and class vectors are plain
+    lists, so a call does no pydantic attribute walks and no dict-per-combination work. What
+    depends only on the missing set (clusters, fixed units, witness key order) is planned once per
+    set; each cluster's distribution is enumerated once per context of known classes, and the
+    clusters' summed distribution is convolved once per missing set and contexts.
+    """
+
+    def __init__(self, cs: CompiledSystem) -> None:
+        system = cs.system
+        ids = tuple(cs.input_ids)
+        self.ids = ids
+        self.pos = {i: p for p, i in enumerate(ids)}
+        self.n_classes = tuple(len(cs.classes[i]) for i in ids)
+        self.class_ranges = tuple(range(n) for n in self.n_classes)
+        self.classes = tuple(cs.classes[i] for i in ids)
+        self.blank = [-1] * len(ids)
+        self.all_missing = (1 << len(ids)) - 1
+        self.bit_of = tuple(1 << p for p in range(len(ids)))
+        self.names = ", ".join(i.id for i in system.inputs)  # for the unknown-finding message
+        # input id -> (position, kind, kind-specific validation / classing data)
+        self.inputs: dict[str, tuple[int, int, Any]] = {}
+        for inp in system.inputs:
+            p = self.pos[inp.id]
+            if isinstance(inp, BinaryInput):
+                self.inputs[inp.id] = (p, _BINARY, None)
+            elif isinstance(inp, CategoricalInput):
+                lookup: dict[Value, int] = {}
+                for c, v in enumerate(cs.classes[inp.id]):
+                    lookup.setdefault(v, c)  # first index, as list.index finds
+                self.inputs[inp.id] = (p, _CATEGORICAL, (lookup, inp))
+            else:
+                assert isinstance(inp, NumericInput)
+                seg = cs.segment_index.get(inp.id)
+                self.inputs[inp.id] = (p, _NUMERIC, (inp, inp.min, inp.max, seg))
+        # per unit: (input positions, mixed-radix strides, flat points table), and its input bits
+        self.units: list[tuple[tuple[int, ...], tuple[int, ...], list[int]]] = []
+        self.unit_bits: list[int] = []
+        for u in cs.units:
+            upos = tuple(self.pos[i] for i in u.inputs)
+            strides: list[int] = []
+            size = 1
+            for p in reversed(upos):
+                strides.append(size)
+                size *= self.n_classes[p]
+            strides.reverse()
+            flat = [0] * size
+            for combo, pts in u.table.items():
+                flat[sum(c * st for c, st in zip(combo, strides, strict=True))] = pts
+            self.units.append((upos, tuple(strides), flat))
+            self.unit_bits.append(sum(1 << p for p in set(upos)))
+        # what a unit adds to a plan when none of its inputs is missing
+        self.fixed_entries: list[tuple[bool, Any]] = [
+            (True, (upos[0], flat)) if len(upos) == 1 else (False, (upos, strides, flat))
+            for upos, strides, flat in self.units
+        ]
+        # inputs read by two or more units: only these can link units into one cluster
+        seen = shared = 0
+        for bits in self.unit_bits:
+            shared |= seen & bits
+            seen |= bits
+        self.shared_bits = shared
+        self.solo = [(ui,) for ui in range(len(self.units))]  # cluster keys of lone units
+        inf = math.inf
+        self.crits: list[tuple[str, float, float]] = [
+            (cid, -inf if lo is None else lo, inf if hi is None else hi)
+            for cid, (lo, hi) in cs.criterion_bounds.items()
+        ]
+        self.floats = _ScaledTotals(cs.scale)
+        self.tmax = None if system.total_max is None else cs.to_scaled(system.total_max)
+        self.tmin = None if system.total_min is None else cs.to_scaled(system.total_min)
+        self.clamped = self.tmin is not None or self.tmax is not None
+        self.plans: dict[int, _Plan] = {}
+        # (unit indices, missing input bits) -> cluster
+        self.clusters: dict[tuple[tuple[int, ...], int], _Cluster] = {}
+        self.contribs: dict[Any, _Contrib] = {}
+        self.dists: dict[Any, _Dist] = {}
+        self._cids = itertools.count()  # next() is atomic, so ids stay unique across threads
+
+    def plan(self, mask: int) -> _Plan:
+        """The plan of a missing set (bit p of ``mask`` set = input at position p is missing)."""
+        plan = self.plans.get(mask)
+        if plan is None:
+            plan = self._make_plan(mask)
+            if len(self.plans) >= _PLAN_CACHE_CAP:
+                self.plans.clear()
+            self.plans[mask] = plan
+        return plan
+
+    def _make_plan(self, mask: int) -> _Plan:
+        """Cluster the units: two units share a cluster when linked by a chain of missing inputs.
+
+        Clusters come out ordered by their lowest unit index with units ascending, and each
+        cluster lists its missing inputs in first-read order; witness keys follow that order.
+        A unit whose missing inputs no other unit reads is a cluster of its own, so only units
+        holding a shared missing input are matched against earlier (linkable) clusters.
+        """
+        shared = self.shared_bits
+        registry = self.clusters
+        # clusters, and [missing bits, unit indices (None once absorbed)] groups to resolve,
+        # all in first-unit order
+        entries: list[Any] = []
+        linkable: list[list[Any]] = []  # the groups holding a shared missing input
+        fixed1: list[tuple[int, list[int]]] = []
+        fixedn: list[tuple[tuple[int, ...], tuple[int, ...], list[int]]] = []
+        for ui, bits in enumerate(self.unit_bits):
+            m = bits & mask
+            if not m:
+                single, entry = self.fixed_entries[ui]
+                (fixed1 if single else fixedn).append(entry)
+                continue
+            if not m & shared:  # no other unit reads its missing inputs: a cluster of its own
+                us1 = self.solo[ui]
+                entries.append(registry.get((us1, m)) or self._cluster(us1, m))
+                continue
+            home: list[Any] | None = None
+            for g in linkable:  # live groups have disjoint bits; all are in first-unit order
+                if g[1] is not None and g[0] & m:
+                    if home is None:  # the earliest linked group takes the unit ...
+                        home = g
+                        g[0] |= m
+                        g[1].append(ui)
+                    else:  # ... and absorbs every later group the unit links it to
+                        home[0] |= g[0]
+                        home[1].extend(g[1])
+                        g[1] = None
+            if home is None:
+                g = [m, [ui]]
+                entries.append(g)
+                linkable.append(g)
+        planned: list[_Cluster] = []
+        order: list[str] = []
+        order_classes: list[list[Value]] = []
+        for e in entries:
+            if type(e) is list:
+                bits, us = e
+                if us is None:
+                    continue
+                us.sort()
+                key = tuple(us)
+                cl = registry.get((key, bits)) or self._cluster(key, bits)
+            else:
+                cl = e
+            planned.append(cl)
+            order.extend(cl.ins_ids)
+            order_classes.extend(cl.ins_classes)
+        return _Plan(
+            mask,
+            tuple(fixed1),
+            tuple(fixedn),
+            tuple(planned),
+            tuple(order),
+            tuple(order_classes),
+            tuple(itertools.compress(self.ids, map(mask.__and__, self.bit_of))),
+        )
+
+    def _cluster(self, us: tuple[int, ...], bits: int) -> _Cluster:
+        """A new cluster of units ``us`` with missing inputs ``bits``, registered under both."""
+        cl = _Cluster(self, next(self._cids), us, bits)
+        if len(self.clusters) >= _CLUSTER_CACHE_CAP:
+            self.clusters.clear()
+        self.clusters[us, bits] = cl
+        return cl
+
+    @staticmethod
+    def const(plan: _Plan, kc: list[int]) -> int:
+        """Scaled points of the units that read no missing input."""
+        const = 0
+        for p, flat in plan.fixed1:
+            const += flat[kc[p]]
+        for upos, strides, flat in plan.fixedn:
+            k = 0
+            for p, st in zip(upos, strides, strict=False):  # equal lengths by construction
+                k += kc[p] * st
+            const += flat[k]
+        return const
+
+    def dist(self, plan: _Plan, kc: list[int]) -> _Dist:
+        """The clusters' summed distribution for these known classes, memoised.
+
+        It depends on the known classes only through the clusters' contexts, so a plan whose
+        clusters read no known input keeps its single distribution; others are cached by
+        (missing set, contexts).
+        """
+        gets = plan.ctx_gets
+        if not gets:
+            d = plan.dist
+            if d is None:
+                d = plan.dist = self._convolve(plan, kc)
+            return d
+        key = (plan.mask, gets[0](kc)) if len(gets) == 1 else (plan.mask, *[g(kc) for g in gets])
+        d = self.dists.get(key)
+        if d is None:
+            d = self._convolve(plan, kc)
+            if len(self.dists) >= _DIST_CACHE_CAP:
+                self.dists.clear()
+            self.dists[key] = d
+        return d
+
+    def _convolve(self, plan: _Plan, kc: list[int]) -> _Dist:
+        """Sumset of the clusters' distributions with counts and first-reached witnesses.
+
+        Same sums, counts and witnesses as merging the clusters' dicts one by one: partial sums
+        are visited in the same insertion order and the first pair reaching a sum keeps its
+        witness; witnesses are class tuples, concatenated instead of merged as dicts.
+        """
+        acc_c: dict[int, int] = {0: 1}
+        acc_w: dict[int, tuple[int, ...]] = {0: ()}
+        contribs = self.contribs
+        first = True
+        for cl in plan.clusters:
+            ctx_get = cl.ctx_get
+            key = cl.cid if ctx_get is None else (cl.cid, ctx_get(kc))
+            contrib = contribs.get(key)
+            if contrib is None:
+                contrib = cl.enumerate(kc)
+                if len(contribs) >= _CONTRIB_CACHE_CAP:
+                    contribs.clear()
+                contribs[key] = contrib
+            if first:  # a single partial sum (0, count 1, no witness yet): a copy
+                first = False
+                acc_c = {b: cb for b, cb, _ in contrib}
+                acc_w = {b: wb for b, _, wb in contrib}
+                continue
+            new_c: dict[int, int] = {}
+            new_w: dict[int, tuple[int, ...]] = {}
+            for a, ca in acc_c.items():
+                wa = acc_w[a]
+                for b, cb, wb in contrib:
+                    t = a + b
+                    if t in new_c:
+                        new_c[t] += ca * cb
+                    else:
+                        new_c[t] = ca * cb
+                        new_w[t] = wa + wb
+            acc_c, acc_w = new_c, new_w
+        return _Dist(acc_c, acc_w)
+
+    def reach(self, plan: _Plan, kc: list[int]) -> tuple[dict[int, int], dict[int, tuple[int, ...]]]:
+        """Scaled total -> completions, and -> witness class tuple (keys ``plan.order``).
+
+        Fresh dicts in first-reached order, with the system's total clamp applied: a clamped
+        total keeps the first witness that reaches it, as before.
+        """
+        d = self.dist(plan, kc)
+        const = self.const(plan, kc)
+        tmin, tmax = self.tmin, self.tmax
+        counts: dict[int, int] = {}
+        wits: dict[int, tuple[int, ...]] = {}
+        dw = d.wits
+        for s, c in d.counts.items():
+            t = s + const
+            if tmax is not None and t > tmax:
+                t = tmax
+            if tmin is not None and t < tmin:
+                t = tmin
+            if t in counts:
+                counts[t] += c
+            else:
+                counts[t] = c
+                wits[t] = dw[s]
+        return counts, wits
+
+    def classes_of(self, known_cls: Mapping[str, int], missing: list[str]) -> tuple[int, list[int]]:
+        """Missing mask and class vector from the public by-name arguments.
+
+        Fails like the dict-based code did: an unknown missing name, or a known input with no
+        (valid) class, raises KeyError.
+        """
+        pos = self.pos
+        mask = 0
+        for i in missing:
+            mask |= 1 << pos[i]
+        kc = list(self.blank)
+        for i, p in pos.items():
+            if not mask >> p & 1:
+                c = known_cls[i]
+                if c not in self.class_ranges[p]:
+                    raise KeyError((i, c))
+                kc[p] = int(c)
+        return mask, kc
+
+
 def reachable_scaled(
     cs: CompiledSystem, known_cls: Mapping[str, int], missing: list[str]
 ) -> tuple[dict[int, int], dict[int, dict[str, int]]]:
     """Exact map scaled-total -> number of class completions, and one witness (missing -> class)."""
-    miss = set(missing)
-    clusters, fixed = _clusters(cs, miss)
-    const = 0
-    for ui in fixed:
-        u = cs.units[ui]
-        const += u.table[tuple(known_cls[i] for i in u.inputs)]
-    # partial sums: sum -> (count, witness assignment dict)
-    acc: dict[int, tuple[int, dict[str, int]]] = {const: (1, {})}
-    for us, ins in clusters:
-        contrib: dict[int, tuple[int, dict[str, int]]] = {}
-        for combo in itertools.product(*(range(len(cs.classes[i])) for i in ins)):
-            assign = dict(zip(ins, combo, strict=True))
-            s = 0
-            for ui in us:
-                u = cs.units[ui]
-                s += u.table[tuple(assign[i] if i in assign else known_cls[i] for i in u.inputs)]
-            if s in contrib:
-                c, w = contrib[s]
-                contrib[s] = (c + 1, w)
-            else:
-                contrib[s] = (1, assign)
-        new: dict[int, tuple[int, dict[str, int]]] = {}
-        for a, (ca, wa) in acc.items():
-            for b, (cb, wb) in contrib.items():
-                t = a + b
-                if t in new:
-                    new[t] = (new[t][0] + ca * cb, new[t][1])
-                else:
-                    new[t] = (ca * cb, {**wa, **wb})
-        acc = new
-    counts: dict[int, int] = {}
-    witnesses: dict[int, dict[str, int]] = {}
-    for s, (c, w) in acc.items():
-        t = _clamp(cs, s)
-        counts[t] = counts.get(t, 0) + c
-        witnesses.setdefault(t, w)
+    fast = cs._fast
+    mask, kc = fast.classes_of(known_cls, missing)
+    plan = fast.plan(mask)
+    counts, wits = fast.reach(plan, kc)
+    order = plan.order
     # inputs that no unit reads cannot exist (the schema forbids them), so every completion counted
-    return counts, witnesses
+    return counts, {t: dict(zip(order, w, strict=True)) for t, w in wits.items()}
 
 
 def evaluate(system: ScoringSystem, findings: Mapping[str, Any]) -> Evaluation:
-    """Score complete findings, or give the exact reachable range and per-criterion labels."""
+    """Score complete findings, or give the exact reachable range and per-criterion labels.
+
+    Validation and classing are fused into one pass over the findings with the checks, messages
+    and error precedence of `normalize_findings` followed by `CompiledSystem.class_of`.
+    """
     cs = compile_system(system)
-    known = normalize_findings(system, findings)
-    known_cls = {k: cs.class_of(k, v) for k, v in known.items()}
-    missing = [i for i in cs.input_ids if i not in known]
-    return _evaluate_classes(cs, known, known_cls, missing)
+    fast = cs._fast
+    specs = fast.inputs
+    known: dict[str, Value] = {}
+    kc = list(fast.blank)
+    mask = fast.all_missing
+    gaps: list[tuple[str, int, float]] = []  # off-grid numeric values, classed after validation
+    for key, raw in findings.items():
+        spec = specs.get(key)
+        if spec is None:
+            raise FindingError(f"unknown finding '{key}' for {system.name}; expected one of: {fast.names}")
+        if raw is None:
+            continue
+        p, kind, data = spec
+        if kind == _BINARY:
+            if raw is not True and raw is not False:
+                raise FindingError(f"finding '{key}' must be true or false, got {raw!r}")
+            kc[p] = 1 if raw else 0
+            known[key] = raw
+        elif kind == _CATEGORICAL:
+            lookup, inp = data
+            c = lookup.get(raw) if isinstance(raw, str) else None
+            if c is None:
+                raise FindingError(f"finding '{key}' must be one of {inp.values()}, got {raw!r}")
+            kc[p] = c
+            known[key] = raw
+        else:
+            inp, lo, hi, seg = data
+            if isinstance(raw, bool) or not isinstance(raw, _REAL):
+                raise FindingError(f"finding '{key}' must be a number ({inp.unit}), got {raw!r}")
+            x = float(raw)
+            if not math.isfinite(x):
+                raise FindingError(f"finding '{key}' must be finite, got {raw!r}")
+            if not lo <= x <= hi:
+                raise FindingError(f"finding '{key}' = {raw} {inp.unit} is outside [{inp.min}, {inp.max}]")
+            j = -1
+            if seg is not None:
+                starts, ends, idx = seg
+                j = bisect.bisect_right(starts, x) - 1
+            if j >= 0 and x <= ends[j]:
+                kc[p] = idx[j]
+            else:
+                gaps.append((key, p, x))
+            known[key] = x
+        mask &= ~(1 << p)
+    for key, p, x in gaps:
+        kc[p] = cs.class_of(key, x)
+    return _evaluate_plan(cs, fast.plan(mask), kc, known, None)
 
 
 def _evaluate_classes(
     cs: CompiledSystem, known: dict[str, Value], known_cls: Mapping[str, int], missing: list[str]
 ) -> Evaluation:
-    counts, wit = reachable_scaled(cs, known_cls, missing)
-    totals = sorted(counts)
+    mask, kc = cs._fast.classes_of(known_cls, missing)
+    return _evaluate_plan(cs, cs._fast.plan(mask), kc, dict(known), list(missing))
 
-    def witness(t: int) -> dict[str, Value]:
-        return {i: cs.classes[i][c] for i, c in wit[t].items()}
+
+def _evaluate_plan(
+    cs: CompiledSystem, plan: _Plan, kc: list[int], known: dict[str, Value], missing: list[str] | None
+) -> Evaluation:
+    """Labels, counts and witnesses of one case (``missing`` None: the plan's, in definition order).
+
+    A criterion is an interval of totals, so on the sorted totals its met side is one slice
+    (found by bisection, counted from prefix sums), its first met total the slice start and its
+    first unmet total either the very first total or the one just past the slice. Unclamped
+    totals are the plan's distribution shifted by the fixed units' constant, so the search runs
+    on the unshifted sums against shifted bounds. Each distinct witness is built once per
+    distribution; every returned witness is still its own dict, as before.
+    """
+    fast = cs._fast
+    shown: dict[int, dict[str, Value]]
+    if fast.clamped:
+        counts, wits = fast.reach(plan, kc)
+        totals = sorted(counts)
+        cum = list(itertools.accumulate(map(counts.__getitem__, totals)))
+        shift = 0
+        shown = {}
+    else:
+        d = fast.dist(plan, kc)
+        totals, cum, wits, shown = d.totals, d.cum, d.wits, d.shown
+        shift = fast.const(plan, kc)
+    completions = cum[-1]
+    n = len(totals)
+    order = plan.order
+    order_classes = plan.order_classes
+
+    def witness(s: int) -> dict[str, Value]:
+        w = shown.get(s)
+        if w is None:
+            # equal lengths by construction; strict=True would cost a third of the build
+            w = dict(zip(order, map(operator.getitem, order_classes, wits[s]), strict=False))
+            shown[s] = w
+        return w.copy()  # the kept dict never leaves: callers may mutate what they get
 
     results: dict[str, CriterionResult] = {}
-    for crit in cs.system.criteria:
-        met_ts = [t for t in totals if cs.holds_scaled(crit.id, t)]
-        not_ts = [t for t in totals if not cs.holds_scaled(crit.id, t)]
-        n_met = sum(counts[t] for t in met_ts)
-        n_not = sum(counts[t] for t in not_ts)
-        label = "Met" if not not_ts else "Not met" if not met_ts else "Unable to determine"
-        results[crit.id] = CriterionResult(
-            crit.id,
-            label,
-            n_met,
-            n_not,
-            witness(met_ts[0]) if met_ts else None,
-            witness(not_ts[0]) if not_ts else None,
-        )
+    for crit_id, lo, hi in fast.crits:
+        i = bisect.bisect_left(totals, lo - shift)
+        j = bisect.bisect_right(totals, hi - shift)
+        if j > i:
+            n_met = cum[j - 1] - (cum[i - 1] if i else 0)
+            w_met = witness(totals[i])
+        else:
+            n_met = 0
+            w_met = None
+        if i > 0:
+            w_not = witness(totals[0])
+        elif j < n:
+            w_not = witness(totals[j])
+        else:
+            w_not = None
+        label = "Met" if w_not is None else "Not met" if w_met is None else "Unable to determine"
+        results[crit_id] = CriterionResult(crit_id, label, n_met, completions - n_met, w_met, w_not)
+    floats = fast.floats.__getitem__
     return Evaluation(
         system_id=cs.system.id,
-        known=dict(known),
-        missing=list(missing),
-        reachable=[cs.from_scaled(t) for t in totals],
-        completions=sum(counts.values()),
+        known=known,
+        missing=list(plan.missing) if missing is None else missing,
+        reachable=list(map(floats, map(shift.__add__, totals))) if shift else list(map(floats, totals)),
+        completions=completions,
         criteria=results,
         witness_min=witness(totals[0]),
         witness_max=witness(totals[-1]),
