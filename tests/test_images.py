@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from equipoise.builders.dataset_writer import MANIFEST, sha256_file
+from equipoise.builders.dataset_writer import MANIFEST, sha256_file, write_manifest
 from equipoise.builders.mcq_build import build_mcq_suite
 from equipoise.builders.publish import (
     HUB_OWN_FILES,
@@ -184,7 +184,7 @@ def test_validate_names_missing_tampered_extra_and_unlisted_images(built, tmp_pa
     unlisted = shutil.copytree(a, tmp_path / "unlisted")
     manifest = json.loads((unlisted / MANIFEST).read_text(encoding="utf-8"))
     del manifest["files"][f"images/{names[2]}"]
-    (unlisted / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_manifest(unlisted, manifest)
     (unlisted / "images" / names[2]).unlink()
     rep = validate_folder(unlisted)
     n_configs = len(manifest["configs"])
@@ -196,7 +196,7 @@ def test_validate_names_missing_tampered_extra_and_unlisted_images(built, tmp_pa
     manifest = json.loads((renamed / MANIFEST).read_text(encoding="utf-8"))
     wrong = f"images/{'f' * 64}.png"
     manifest["files"][wrong] = manifest["files"].pop(f"images/{names[3]}")
-    (renamed / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    write_manifest(renamed, manifest)
     (renamed / "images" / names[3]).rename(renamed / wrong)
     rep = validate_folder(renamed)
     assert f"{renamed / wrong}: image is not named images/<its sha256>.<ext>" in rep.problems

@@ -17,7 +17,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from equipoise.builders.clindet_suite import build_clindet
-from equipoise.builders.dataset_writer import MANIFEST, sha256_file, verify_dataset
+from equipoise.builders.dataset_writer import (
+    MANIFEST,
+    MANIFEST_DIGEST,
+    sha256_file,
+    verify_dataset,
+    write_manifest,
+)
 from equipoise.builders.publish import (
     IntegrityError,
     PublishError,
@@ -226,7 +232,7 @@ def hub_run(folders, tmp_path_factory) -> dict:
     (extra / "notes" / "errata.txt").write_text("nothing yet\n", encoding="utf-8")
     manifest = json.loads((extra / MANIFEST).read_text(encoding="utf-8"))
     manifest["files"]["notes/errata.txt"] = sha256_file(extra / "notes" / "errata.txt")
-    (extra / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_manifest(extra, manifest)
     spec = {
         "folders": {
             "v1": str(folders["v1"]),
@@ -286,7 +292,7 @@ def test_hub_publish_is_one_tagged_commit_per_version(hub_run, folders):
     assert v1["created"] and v11["created"] and v1["commit_oid"] != v11["commit_oid"]
     assert v1["url"].endswith(f"/datasets/{REPO}/tree/v1.0.0")
     assert v1["files"] == sorted(
-        json.loads((folders["v1"] / MANIFEST).read_text())["files"].keys() | {MANIFEST}
+        json.loads((folders["v1"] / MANIFEST).read_text())["files"].keys() | {MANIFEST, MANIFEST_DIGEST}
     )
     # one commit per publish: exactly one commit endpoint call per created version
     commits = [r for r in hub.requests if r[:2] == ("POST", f"/api/datasets/{REPO}/commit/main")]

@@ -23,6 +23,35 @@ from pydantic import BaseModel
 from equipoise.schemas.features import to_table
 
 MANIFEST = "manifest.json"
+# The manifest cannot list its own hash, so its digest sits beside it in ``sha256sum`` format
+# (``sha256sum -c manifest.sha256`` checks it too): a change to any byte of either file makes the
+# two disagree, so every single-byte corruption of a published version is detectable from the
+# folder alone, including a letter of a free-text field the other checks never read.
+MANIFEST_DIGEST = "manifest.sha256"
+_DIGEST_LINE = re.compile(r"([0-9a-f]{64})  manifest\.json\n")
+
+
+def write_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest.json`` (sorted keys, two-space indent) and its digest file."""
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    (out / MANIFEST).write_text(text, encoding="utf-8")
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    (out / MANIFEST_DIGEST).write_text(f"{digest}  {MANIFEST}\n", encoding="utf-8")
+
+
+def manifest_digest_problems(folder: Path) -> list[str]:
+    """Problems with ``manifest.sha256``: missing, malformed, or not the manifest's digest."""
+    dpath = folder / MANIFEST_DIGEST
+    if not dpath.is_file():
+        return [f"{dpath}: missing (the sha256 of manifest.json; rebuild the version to write it)"]
+    raw = dpath.read_bytes()
+    m = _DIGEST_LINE.fullmatch(raw.decode("ascii", errors="replace"))
+    if m is None:
+        return [f"{dpath}: malformed (expected '<64 hex digits>  manifest.json' and a newline)"]
+    if (folder / MANIFEST).is_file() and m.group(1) != sha256_file(folder / MANIFEST):
+        # which of the two changed cannot be told apart, so the problem names both
+        return [f"{folder / MANIFEST}: sha256 differs from the one in {dpath} (one of the two files changed)"]
+    return []
 
 
 def sha256_file(path: Path) -> str:
@@ -110,23 +139,23 @@ def write_dataset(out: Path, spec: DatasetSpec) -> dict[str, Any]:
         **spec.manifest_extra,
         "files": dict(sorted(files.items())),
     }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_manifest(out, manifest)
     return manifest
 
 
 def verify_dataset(folder: Path) -> list[str]:
     """Problems found by re-hashing every file the manifest lists (empty list = intact)."""
-    problems: list[str] = []
     mpath = folder / MANIFEST
     if not mpath.exists():
         return [f"{mpath}: missing manifest"]
+    problems = manifest_digest_problems(folder)
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return [f"{mpath}: not valid JSON ({exc})"]
+        return [*problems, f"{mpath}: not valid JSON ({exc})"]
     shape = _manifest_shape_problems(folder, manifest)
     if shape:  # without a usable file list there is nothing to check the files against
-        return [f"{mpath}: {p}" for p in shape]
+        return [*problems, *(f"{mpath}: {p}" for p in shape)]
     for rel, digest in manifest["files"].items():
         p = folder / rel
         if not p.exists():

@@ -28,7 +28,14 @@ from typing import Any
 
 from equipoise import __version__
 from equipoise.builders.calc_mcq import CALC_MCQ_VERSION, calc_mcq_items
-from equipoise.builders.dataset_writer import MANIFEST, ConfigData, DatasetSpec, sha256_file, write_dataset
+from equipoise.builders.dataset_writer import (
+    MANIFEST,
+    ConfigData,
+    DatasetSpec,
+    sha256_file,
+    write_dataset,
+    write_manifest,
+)
 from equipoise.builders.publish import EXTERNAL_IMAGE, IMAGE_DIR, IMAGE_RE
 from equipoise.builders.sources.mini import MINI_NAME, MINI_PATH, SourceError, content_revision, mini_items
 from equipoise.builders.suites import MCQ_SUITES, SuiteOptions, SuiteResult
@@ -245,7 +252,7 @@ def add_manifest_files(out: Path, rels: list[str]) -> dict[str, Any]:
             raise SourceError(f"{out / rel}: copied bytes do not match the content address {rel}")
         manifest["files"][rel] = digest
     manifest["files"] = dict(sorted(manifest["files"].items()))
-    mpath.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    write_manifest(out, manifest)
     return manifest
 
 

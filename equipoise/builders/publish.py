@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from equipoise.builders.dataset_writer import MANIFEST, sha256_file, verify_dataset
+from equipoise.builders.dataset_writer import MANIFEST, MANIFEST_DIGEST, sha256_file, verify_dataset
 
 REPO_TYPE = "dataset"
 SEMVER_RE = re.compile(r"^v(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)$")
@@ -109,7 +109,7 @@ def dataset_files(folder: Path) -> list[str]:
     if problems:
         raise IntegrityError(f"{folder}: refusing to publish, files do not match manifest.json", problems)
     manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-    files = sorted({_safe_rel(r) for r in manifest.get("files", {})} | {MANIFEST})
+    files = sorted({_safe_rel(r) for r in manifest.get("files", {})} | {MANIFEST, MANIFEST_DIGEST})
     if "README.md" not in files:
         raise PublishError(f"{folder}: manifest.json does not list README.md (the card with `configs:`)")
     return files
