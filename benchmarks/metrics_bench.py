@@ -20,9 +20,9 @@ reference computing the same numbers, in one run, each path in its own process.
    and elicited confidence have something to parse. Layout ``plain`` is the unmodified
    ``make_store`` store (suite 'synthetic', MCQ only): most of the CLEAR, ClinDet and robustness
    metrics are then empty, and the table says so.
-2. DuckDB path, in a child process: exactly what ``equipoise metrics`` does with no options: open
-   the store read-only, ``registry.prepare(con, materialize=True)``, then ``compute(con, name)`` for
-   every registered metric (default grouping and parameters), keeping every result frame.
+2. DuckDB path, in a child process: exactly what ``equipoise metrics --out DIR`` does: open the
+   store read-only, ``registry.prepare(con, materialize=True)``, then ``write_result(con, name,
+   DIR/<name>.parquet)`` for every registered metric (default grouping and parameters).
 3. Reference path, in another child process: ``benchmarks/metrics_reference.py``: read the raw
    tables into pandas (timed), join and aggregate with pandas / numpy, scikit-learn, scipy and
    statsmodels (see its docstring for what it shares: nothing but the definitions and the
@@ -32,8 +32,10 @@ reference computing the same numbers, in one run, each path in its own process.
    process and the store size, and writes JSON (default ``benchmarks/results/metrics_<rows>.json``)
    with the machine.
 
-Each metric's frame is written to Parquet as soon as it is computed and then dropped (neither the
-write's time nor its memory counts; CPU seconds include it). ``--memory-limit 2GB`` gives the DuckDB
+Both paths deliver every metric as a Parquet file, and each metric's time and the peak RSS include
+writing it: the DuckDB path is ``equipoise metrics --out DIR`` (``registry.write_result``: a metric
+that is one query is copied by DuckDB straight to the file, so per-item tables never become pandas
+frames), the reference writes its pandas frame. ``--memory-limit 2GB`` gives the DuckDB
 path the same cap as ``equipoise metrics --memory-limit`` (DuckDB spills the rest to
 ``<store>.tmp``): the way to keep its memory below the store's size on a large store.
 
@@ -257,52 +259,34 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def _reset_peak() -> bool:
-    """Reset this process's VmHWM to its current RSS (Linux ``clear_refs`` 5), so that writing a
-    result to disk, which the timed path does not need, does not count in its peak."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
-
-
 class _Results:
-    """Each metric's frame goes to Parquet as soon as it is computed and is then dropped: holding
-    every frame (tens of millions of rows at 10M predictions) would measure the benchmark, not the
-    path. The peak reported is the largest high-water mark seen while computing; the write of each
-    frame is excluded by resetting the mark after it (where Linux allows, else it is included and
-    ``peak_includes_writes`` says so)."""
+    """Per-step times and the high-water mark of RSS after each step (the peak includes writing each
+    result file: both paths deliver every metric as a Parquet file, and that is part of the job)."""
 
     def __init__(self, outdir: Path) -> None:
-        self.outdir, self.peak, self.hwm = outdir, _peak_mib(), {}
+        self.outdir, self.hwm = outdir, {}
         self.times: dict[str, float] = {}
         self.errors: dict[str, str] = {}
-        self.resets = True
 
-    def step(self, name: str, seconds: float, df: Any = None) -> None:
+    def step(self, name: str, seconds: float) -> None:
         self.times[name] = seconds
         self.hwm[name] = _peak_mib()
-        self.peak = max(self.peak, self.hwm[name])
-        if df is not None:
-            df.to_parquet(self.outdir / f"{name}.parquet", index=False)
-            self.resets = _reset_peak() and self.resets
 
     def save(self, extra: dict) -> None:
-        info = {"times": self.times, "errors": self.errors, "peak_rss_mib": self.peak, **extra}
-        info.update(peak_rss_after_mib=self.hwm, peak_includes_writes=not self.resets)
+        info = {"times": self.times, "errors": self.errors, "peak_rss_mib": _peak_mib(), **extra}
+        info["peak_rss_after_mib"] = self.hwm
         (self.outdir / "timings.json").write_text(json.dumps(info, indent=2))
 
 
 def child_duckdb(store: Path, outdir: Path, memory_limit: str | None) -> None:
-    """The `equipoise metrics` path (cli.metrics with no options), timed per step."""
-    from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare
+    """`equipoise metrics --out DIR` with no other options, timed per metric (compute + write)."""
+    from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, prepare, write_result
     from equipoise.evaluators.store import connect
 
     _load_all()
     base_mib = (_proc_kib("VmRSS") or 0) / 1024
     res = _Results(outdir)
-    cpu0 = _cpu_s()
+    t_all, cpu0 = time.perf_counter(), _cpu_s()
     t0 = time.perf_counter()
     con = connect(store, read_only=True, memory_limit=memory_limit)
     threads, mem_limit = con.execute(
@@ -312,16 +296,13 @@ def child_duckdb(store: Path, outdir: Path, memory_limit: str | None) -> None:
     res.step("(open + prepare)", time.perf_counter() - t0)
     for name in sorted(REGISTRY):
         t0 = time.perf_counter()
-        df = None
         try:
-            df = compute(con, name, by=None, params={})
+            write_result(con, name, outdir / f"{name}.parquet")
         except Exception:  # a failing metric is reported, not fatal to the benchmark
             res.errors[name] = traceback.format_exc(limit=3)
-        res.step(name, time.perf_counter() - t0, df)
-        del df
+        res.step(name, time.perf_counter() - t0)
     con.close()
-    # total = the sum of the timed steps: the Parquet writes between them are not the path's work
-    total, cpu = sum(res.times.values()), _cpu_s() - cpu0
+    total, cpu = time.perf_counter() - t_all, _cpu_s() - cpu0
     res.save(
         {
             "total_s": total,
@@ -334,12 +315,13 @@ def child_duckdb(store: Path, outdir: Path, memory_limit: str | None) -> None:
 
 
 def child_reference(store: Path, outdir: Path) -> None:
+    """The reference, timed per metric (compute in pandas / scikit-learn + write the frame)."""
     sys.path.insert(0, str(HERE))
     import metrics_reference as ref
 
     base_mib = (_proc_kib("VmRSS") or 0) / 1024
     res = _Results(outdir)
-    cpu0 = _cpu_s()
+    t_all, cpu0 = time.perf_counter(), _cpu_s()
     t0 = time.perf_counter()
     tables = ref.read_tables(store)
     res.step("(read tables)", time.perf_counter() - t0)
@@ -348,15 +330,13 @@ def child_reference(store: Path, outdir: Path) -> None:
     res.step("(joins + softmax)", time.perf_counter() - t0)
     for name, (fn, _) in sorted(ref.REFERENCE.items()):
         t0 = time.perf_counter()
-        df = None
         try:
-            df = fn(data)
+            fn(data).to_parquet(outdir / f"{name}.parquet", index=False)
         except Exception:  # reported, not fatal
             res.errors[name] = traceback.format_exc(limit=4)
-        res.step(name, time.perf_counter() - t0, df)
-        del df
-    cpu = _cpu_s() - cpu0
-    res.save({"total_s": sum(res.times.values()), "cpu_s": cpu, "baseline_rss_mib": base_mib})
+        res.step(name, time.perf_counter() - t0)
+    total, cpu = time.perf_counter() - t_all, _cpu_s() - cpu0
+    res.save({"total_s": total, "cpu_s": cpu, "baseline_rss_mib": base_mib})
 
 
 def run_child(kind: str, store: Path, outdir: Path, memory_limit: str | None = None) -> dict[str, Any]:

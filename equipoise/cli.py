@@ -749,6 +749,15 @@ def metrics(
         ),
     ] = None,
     list_only: Annotated[bool, typer.Option("--list", help="List the registered metrics and exit.")] = False,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write each metric to DIR/<metric>.parquet instead of printing it. Metrics that are one "
+            "query (per-item scores, curves) stream from DuckDB to the file without a pandas copy: the "
+            "way to get per-item tables of a large store.",
+        ),
+    ] = None,
     memory_limit: Annotated[
         str | None,
         typer.Option(
@@ -781,15 +790,21 @@ def metrics(
     unused = [k for k in given if not any(k in REGISTRY[n].params for n in names)]
     if unused:
         _fail(f"no selected metric takes parameter(s) {unused}; see equipoise metrics --list")
-    from equipoise.evaluators.metrics.registry import prepare
+    from equipoise.evaluators.metrics.registry import prepare, write_result
 
     con = _connect(store, read_only=True, memory_limit=memory_limit)
     out: dict[str, Any] = {}
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
     try:
         prepare(con, materialize=True)  # the base joins once for all metrics, not once per metric
         for name in names:
             mine = {k: v for k, v in given.items() if k in REGISTRY[name].params}
             try:
+                if out_dir is not None:
+                    rows = write_result(con, name, out_dir / f"{name}.parquet", by=by, params=mine)
+                    console.print(f"{name}: {rows:,} rows -> {out_dir / f'{name}.parquet'}", highlight=False)
+                    continue
                 df = compute(con, name, by=by, params=mine)
             except KeyError as exc:
                 _fail(str(exc.args[0]))
@@ -800,6 +815,8 @@ def metrics(
             out[name] = df
     finally:
         con.close()
+    if out_dir is not None:
+        return
     if fmt == "json":
         sys.stdout.write(
             json.dumps({k: json.loads(v.to_json(orient="records")) for k, v in out.items()}) + "\n"

@@ -6,6 +6,7 @@ import json
 
 import duckdb
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -91,3 +92,31 @@ def test_cli_memory_limit_gives_the_same_numbers(store):
     assert json.loads(free.stdout) == json.loads(capped.stdout)
     bad = CliRunner().invoke(app, [*args, "--memory-limit", "lots"])
     assert bad.exit_code == 2 and "memory limit 'lots'" in " ".join(bad.output.split())
+
+
+def test_cli_metrics_out_writes_one_parquet_per_metric(store, tmp_path):
+    out = tmp_path / "m"
+    r = CliRunner().invoke(
+        app,
+        [
+            "metrics",
+            "--store",
+            str(store),
+            "--metric",
+            "answer_rates",
+            "--metric",
+            "unc_scores",
+            "--out",
+            str(out),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    printed = json.loads(
+        CliRunner()
+        .invoke(app, ["metrics", "--store", str(store), "--metric", "answer_rates", "--format", "json"])
+        .stdout
+    )["answer_rates"]
+    written = pd.read_parquet(out / "answer_rates.parquet")
+    assert len(written) == len(printed) and list(written.columns) == list(printed[0])
+    assert written["n"].tolist() == [row["n"] for row in printed]
+    assert len(pd.read_parquet(out / "unc_scores.parquet")) > 0 and "unc_scores:" in r.output

@@ -153,3 +153,32 @@ def test_option_probabilities_do_not_depend_on_row_order_or_threads(tmp_path):
     con.close()
     for threads, materialize in ((1, False), (2, True), (4, True)):
         pd.testing.assert_frame_equal(ref, _probs(path, threads, materialize), check_exact=True)
+
+
+@pytest.mark.parametrize("name", _metrics())
+def test_written_result_equals_the_computed_frame(store, tmp_path, name):
+    """write_result streams one-query metrics from DuckDB to Parquet (no pandas frame) and sends the
+    others through compute; either way the file holds exactly the frame compute returns."""
+    from equipoise.evaluators.metrics.registry import result_sql, write_result
+
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        want = compute(con, name, None, _params(name))
+        path = tmp_path / f"{name}.parquet"
+        n = write_result(con, name, path, None, _params(name))
+        streamed = result_sql(con, name, None, _params(name)) is not None
+    finally:
+        con.close()
+    got = pd.read_parquet(path)
+    assert n == len(want) == len(got) and list(got.columns) == list(want.columns)
+    for col in want.columns:  # NULL may come back as NaN, None or pd.NA depending on the dtype
+        a, b = got[col].reset_index(drop=True), want[col].reset_index(drop=True)
+        assert (a.isna() == b.isna()).all(), (name, col)
+        a, b = a[b.notna()], b[b.notna()]
+        if pd.api.types.is_numeric_dtype(b) and not pd.api.types.is_bool_dtype(b):
+            assert np.allclose(a.astype(float), b.astype(float), rtol=1e-12, atol=0), (name, col)
+        else:
+            assert [str(v) for v in a] == [str(v) for v in b], (name, col)
+    if name in ("unc_scores", "unc_normalized", "risk_coverage", "answer_rates"):
+        assert streamed, f"{name}: a per-item table should stream, not pass through pandas"

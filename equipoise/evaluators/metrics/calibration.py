@@ -109,18 +109,24 @@ def prepare_samples(con: duckdb.DuckDBPyConnection, params: dict | None = None) 
     con.execute(samples_sql(params))
 
 
-def _runner(
-    name: str, columns: Sequence[str] | None = None
-) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], pd.DataFrame]:
-    def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], str]:
+    def sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
         p = _params(params)
         prepare_samples(con, p)
         n_bins = int(p["n_bins"])  # type: ignore[call-overload]
-        sql = render_sql(REGISTRY[name], by, {**p, "bin_expr": bin_sql("confidence", n_bins)})
-        df = con.execute(sql).df()
-        if columns is not None:
-            df = df[[*by, *columns]]
-        return df
+        return render_sql(REGISTRY[name], by, {**p, "bin_expr": bin_sql("confidence", n_bins)})
+
+    return sql
+
+
+def _runner(
+    name: str, columns: Sequence[str]
+) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], pd.DataFrame]:
+    """For metrics that share one query and keep some of its columns (aurc, prr: one row per group)."""
+    sql = _sql_of(name)
+
+    def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+        return con.execute(sql(con, by, params)).df()[[*by, *columns]]
 
     return run
 
@@ -138,7 +144,8 @@ def _metric(name: str, sql: str, description: str, columns: Sequence[str] | None
             needs=_NEEDS,
             default_by=("model",),
             params=dict(DEFAULT_PARAMS),
-            compute_fn=_runner(name, columns),
+            sql_fn=_sql_of(name) if columns is None else None,
+            compute_fn=_runner(name, columns) if columns is not None else None,
         )
     )
 

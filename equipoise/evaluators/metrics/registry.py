@@ -11,7 +11,7 @@ call.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import duckdb
@@ -50,12 +50,19 @@ class Metric:
     post: Callable[[pd.DataFrame, Sequence[str]], pd.DataFrame] | None = None
     params: dict[str, object] = field(default_factory=dict)
     compute_fn: Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], pd.DataFrame] | None = None
+    # when the whole result is one query: the rendered SQL (params already merged with defaults).
+    # Lets `write_result` stream a result of tens of millions of rows (per-item scores) from DuckDB
+    # to a file, where a pandas frame of it would need many times the store's size in memory.
+    sql_fn: Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], str] | None = None
 
 
 REGISTRY: dict[str, Metric] = {}
 
 
 def register(metric: Metric) -> Metric:
+    if metric.sql_fn is not None and metric.compute_fn is None:
+        sql_fn = metric.sql_fn
+        metric = replace(metric, compute_fn=lambda con, by, params: con.execute(sql_fn(con, by, params)).df())
     if metric.name in REGISTRY:
         raise ValueError(f"metric '{metric.name}' registered twice")
     if metric.sql is None and metric.compute_fn is None:
@@ -127,6 +134,49 @@ def compute(
     if metric.post is not None:
         df = metric.post(df, by)
     return df
+
+
+def result_sql(
+    con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str] | None = None, params: dict | None = None
+) -> str | None:
+    """The single query that is the whole result of metric ``name``, or None when the metric does
+    Python work on the SQL result (an exact test, a bootstrap, a fit) and has no such query."""
+    _load_all()
+    if name not in REGISTRY:
+        raise KeyError(f"unknown metric '{name}'; known: {', '.join(sorted(REGISTRY))}")
+    metric = REGISTRY[name]
+    by = list(metric.default_by if by is None else by)
+    prepare(con)
+    if metric.sql_fn is not None:
+        return metric.sql_fn(con, _check_by(by), {**metric.params, **(params or {})})
+    if metric.compute_fn is None and metric.post is None:
+        return render_sql(metric, by, params)
+    return None
+
+
+def write_result(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    path: Path,
+    by: Sequence[str] | None = None,
+    params: dict | None = None,
+) -> int:
+    """Compute metric ``name`` into a Parquet file; returns its row count.
+
+    A metric that is one query is copied by DuckDB straight to the file (``COPY ... TO``), so no
+    pandas frame of it ever exists: what makes per-item tables of a 10M-prediction store fit in a
+    few GiB. Other metrics (small, aggregated results) go through ``compute`` and pandas.
+    """
+    sql = result_sql(con, name, by, params)
+    path = Path(path)
+    if sql is None:
+        df = compute(con, name, by, params)
+        df.to_parquet(path, index=False)
+        return len(df)
+    quoted = "'" + str(path).replace("'", "''") + "'"
+    con.execute(f"COPY ({sql}) TO {quoted} (FORMAT parquet)")
+    rows = con.execute(f"SELECT count(*) FROM read_parquet({quoted})").fetchone()
+    return int(rows[0]) if rows else 0
 
 
 def _load_all() -> None:

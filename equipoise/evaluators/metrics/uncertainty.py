@@ -204,10 +204,6 @@ def _scores_source(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: di
     return f"SELECT {_strata(by)}{', '.join(fixed)} FROM {table} ORDER BY ALL"
 
 
-def _scores(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
-    return con.execute(_scores_source(con, by, params)).df()
-
-
 def _wrapped(con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str], params: dict, **extra: str) -> str:
     text = (SQL_DIR / REGISTRY[name].sql).read_text(encoding="utf-8")
     return text.format(
@@ -222,7 +218,7 @@ def _split_key(params: dict) -> str:
     return str(key)
 
 
-def _normalized(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", SCORE_COLUMNS)
     q = float(params["upper_quantile"])
     if not 0.0 <= q <= 1.0:
@@ -238,7 +234,7 @@ def _normalized(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict)
         upper_quantile=repr(q),
         keep="true" if params["include_holdout"] else "NOT in_holdout",
     )
-    return con.execute(sql).df()
+    return sql
 
 
 def _score_columns_sql(cols: Sequence[str]) -> dict[str, str]:
@@ -249,14 +245,14 @@ def _score_columns_sql(cols: Sequence[str]) -> dict[str, str]:
     }
 
 
-def _auroc(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
-    return con.execute(_wrapped(con, "unc_auroc", by, params, **_score_columns_sql(cols))).df()
+    return _wrapped(con, "unc_auroc", by, params, **_score_columns_sql(cols))
 
 
-def _summary(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", SCORE_COLUMNS)
-    return con.execute(_wrapped(con, "unc_summary", by, params, **_score_columns_sql(cols))).df()
+    return _wrapped(con, "unc_summary", by, params, **_score_columns_sql(cols))
 
 
 def combiner_features(
@@ -421,7 +417,7 @@ register(
         needs=("predictions", "option_scores"),
         default_by=("model",),
         params={"pool": "item"},
-        compute_fn=_scores,
+        sql_fn=_scores_source,
     )
 )
 register(
@@ -440,7 +436,7 @@ register(
             "split_key": "item_id",
             "include_holdout": False,
         },
-        compute_fn=_normalized,
+        sql_fn=_normalized_sql,
     )
 )
 register(
@@ -471,7 +467,7 @@ register(
         needs=("predictions", "option_scores"),
         default_by=("model",),
         params={"pool": "item", "scores": UNCERTAINTY_COLUMNS},
-        compute_fn=_auroc,
+        sql_fn=_auroc_sql,
     )
 )
 register(
@@ -482,6 +478,6 @@ register(
         needs=("predictions", "option_scores"),
         default_by=("model",),
         params={"pool": "item", "scores": SCORE_COLUMNS},
-        compute_fn=_summary,
+        sql_fn=_summary_sql,
     )
 )
