@@ -730,6 +730,17 @@ def _md_table(df: Any) -> str:
     return "\n".join(lines)
 
 
+# shared by `metrics` and `report`
+MemoryLimit = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-limit",
+        help="Cap DuckDB's memory, e.g. 2GB; the rest spills to <store>.tmp (slower, but a large "
+        "store then needs less RAM than its own size). Default: DuckDB's 80% of RAM.",
+    ),
+]
+
+
 @app.command()
 def metrics(
     store: Annotated[Path, typer.Option("--store", help="DuckDB store file (opened read-only).")] = Path(
@@ -758,14 +769,7 @@ def metrics(
             "way to get per-item tables of a large store.",
         ),
     ] = None,
-    memory_limit: Annotated[
-        str | None,
-        typer.Option(
-            "--memory-limit",
-            help="Cap DuckDB's memory, e.g. 2GB; the rest spills to <store>.tmp (slower, but a large "
-            "store then needs less RAM than its own size). Default: DuckDB's 80% of RAM.",
-        ),
-    ] = None,
+    memory_limit: MemoryLimit = None,
 ) -> None:
     """Compute registered metrics in SQL over a store, grouped by any strata (model, suite, variant,
     k, framing, condition, specialty, question_type, imaging_modality, ...)."""
@@ -857,14 +861,7 @@ def report(
     out: Annotated[Path, typer.Option("--out", help="Folder for CSV tables and PNG plots.")] = Path(
         "equipoise-work/report"
     ),
-    memory_limit: Annotated[
-        str | None,
-        typer.Option(
-            "--memory-limit",
-            help="Cap DuckDB's memory, e.g. 2GB; the rest spills to <store>.tmp (slower, but a large "
-            "store then needs less RAM than its own size). Default: DuckDB's 80% of RAM.",
-        ),
-    ] = None,
+    memory_limit: MemoryLimit = None,
 ) -> None:
     """Write every metric as a CSV table and the plots a reader would rather look at (reliability,
     humility deficit, accuracy vs abstention across k, set size, risk-coverage, determinability)."""

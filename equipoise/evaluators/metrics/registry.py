@@ -118,16 +118,21 @@ def render_sql(metric: Metric, by: Sequence[str], params: dict | None = None) ->
     )
 
 
-def compute(
-    con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str] | None = None, params: dict | None = None
-) -> pd.DataFrame:
-    """Compute one registered metric, grouped by ``by`` (default: the metric's own)."""
+def _lookup(con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str] | None) -> tuple[Metric, list[str]]:
+    """The registered metric and its grouping (default: the metric's own), base relations ready."""
     _load_all()
     if name not in REGISTRY:
         raise KeyError(f"unknown metric '{name}'; known: {', '.join(sorted(REGISTRY))}")
     metric = REGISTRY[name]
-    by = list(metric.default_by if by is None else by)
     prepare(con)
+    return metric, list(metric.default_by if by is None else by)
+
+
+def compute(
+    con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str] | None = None, params: dict | None = None
+) -> pd.DataFrame:
+    """Compute one registered metric, grouped by ``by`` (default: the metric's own)."""
+    metric, by = _lookup(con, name, by)
     if metric.compute_fn is not None:
         return metric.compute_fn(con, _check_by(by), {**metric.params, **(params or {})})
     df = con.execute(render_sql(metric, by, params)).df()
@@ -141,12 +146,7 @@ def result_sql(
 ) -> str | None:
     """The single query that is the whole result of metric ``name``, or None when the metric does
     Python work on the SQL result (an exact test, a bootstrap, a fit) and has no such query."""
-    _load_all()
-    if name not in REGISTRY:
-        raise KeyError(f"unknown metric '{name}'; known: {', '.join(sorted(REGISTRY))}")
-    metric = REGISTRY[name]
-    by = list(metric.default_by if by is None else by)
-    prepare(con)
+    metric, by = _lookup(con, name, by)
     if metric.sql_fn is not None:
         return metric.sql_fn(con, _check_by(by), {**metric.params, **(params or {})})
     if metric.compute_fn is None and metric.post is None:
