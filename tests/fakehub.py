@@ -644,6 +644,32 @@ class _Handler(BaseHTTPRequestHandler):
         return True
 
 
+def client_env(hub: FakeHub, home: Path, token: str) -> dict[str, str]:
+    """Environment for a child process whose ``huggingface_hub`` / ``datasets`` talk to ``hub``.
+
+    Both libraries read these variables once, at import, so the Hub path runs in a subprocess: the
+    endpoint, no Xet, the token, a private HF home (its hub and datasets caches spelled out), online,
+    quiet, and the repository on the import path so the child can import ``tests``.
+    """
+    import os
+
+    return {
+        **os.environ,
+        "HF_ENDPOINT": hub.endpoint,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_TOKEN": token,
+        "HF_HOME": str(home),
+        "HF_HUB_CACHE": str(home / "hub"),
+        "HF_DATASETS_CACHE": str(home / "datasets"),
+        "HF_HUB_OFFLINE": "0",
+        "HF_DATASETS_OFFLINE": "0",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+    }
+
+
 def find_in_tree(root: Path, needle: bytes) -> list[Path]:
     """Every file under ``root`` whose bytes contain ``needle`` (symlinks followed)."""
     return [p for p in sorted(Path(root).rglob("*")) if p.is_file() and needle in p.read_bytes()]

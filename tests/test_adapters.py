@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -441,23 +440,11 @@ def _hub_child(report: str) -> None:
 
 
 def test_hub_repo_ids_go_through_the_same_path(tmp_path):
-    from tests.fakehub import FakeHub
+    from tests.fakehub import FakeHub, client_env
 
     report = tmp_path / "report.json"
     with FakeHub(tmp_path / "server") as hub:
-        env = {
-            **os.environ,
-            "HF_ENDPOINT": hub.endpoint,
-            "HF_HUB_DISABLE_XET": "1",
-            "HF_TOKEN": "hf_test",
-            "HF_HOME": str(tmp_path / "hf"),
-            "HF_HUB_OFFLINE": "0",
-            "HF_DATASETS_OFFLINE": "0",
-            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "PYTHONPATH": str(REPO_ROOT),
-        }
+        env = client_env(hub, tmp_path / "hf", "hf_test")
         code = f"from tests.test_adapters import _hub_child; _hub_child({str(report)!r})"
         proc = subprocess.run(
             [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120

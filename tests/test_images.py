@@ -13,7 +13,6 @@ import base64
 import csv
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from equipoise.builders.publish import (
 )
 from equipoise.builders.sources.mini import SourceError
 from equipoise.builders.validate import validate_folder
-from tests.fakehub import FakeHub
+from tests.fakehub import FakeHub, client_env
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIX = REPO_ROOT / "tests" / "fixtures" / "sources"
@@ -272,21 +271,7 @@ def test_hub_publish_and_fetch_bring_the_images(built, tmp_path):
     (tmp_path / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
     hub = FakeHub(tmp_path / "server", token=SECRET)
     with hub:
-        env = {
-            **os.environ,
-            "HF_ENDPOINT": hub.endpoint,
-            "HF_HUB_DISABLE_XET": "1",
-            "HF_TOKEN": SECRET,
-            "HF_HOME": str(tmp_path / "hf_home"),
-            "HF_HUB_CACHE": str(tmp_path / "hf_home" / "hub"),
-            "HF_DATASETS_CACHE": str(tmp_path / "hf_home" / "datasets"),
-            "HF_HUB_OFFLINE": "0",
-            "HF_DATASETS_OFFLINE": "0",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-            "PYTHONPATH": str(REPO_ROOT),
-        }
+        env = client_env(hub, tmp_path / "hf_home", SECRET)
         code = f"from tests.test_images import _hub_session as s; s({str(tmp_path / 'spec.json')!r})"
         proc = subprocess.run(
             [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120

@@ -7,7 +7,6 @@ HF_HUB_DISABLE_XET once, at import, and this test process has already imported t
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from equipoise.builders.publish import (
     load_config,
     publish_to_local,
 )
-from tests.fakehub import FakeHub, find_in_tree
+from tests.fakehub import FakeHub, client_env, find_in_tree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REPO = "equipoise-test/clindet"
@@ -257,21 +256,7 @@ def hub_run(folders, tmp_path_factory) -> dict:
 
     hub = FakeHub(base / "server", token=SECRET)
     with hub:
-        env = {
-            **os.environ,
-            "HF_ENDPOINT": hub.endpoint,
-            "HF_HUB_DISABLE_XET": "1",
-            "HF_TOKEN": SECRET,
-            "HF_HOME": str(base / "hf_home"),
-            "HF_HUB_CACHE": str(base / "hf_home" / "hub"),
-            "HF_DATASETS_CACHE": str(base / "hf_home" / "datasets"),
-            "HF_HUB_OFFLINE": "0",
-            "HF_DATASETS_OFFLINE": "0",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-            "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-            "PYTHONPATH": str(REPO_ROOT),
-        }
+        env = client_env(hub, base / "hf_home", SECRET)
         online = child("online", env)
     assert hub._server is None  # the server is shut down once the client is done
     offline = child("offline", {**env, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
