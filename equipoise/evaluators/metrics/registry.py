@@ -174,9 +174,8 @@ def write_result(
         df.to_parquet(path, index=False)
         return len(df)
     quoted = "'" + str(path).replace("'", "''") + "'"
-    con.execute(f"COPY ({sql}) TO {quoted} (FORMAT parquet)")
-    rows = con.execute(f"SELECT count(*) FROM read_parquet({quoted})").fetchone()
-    return int(rows[0]) if rows else 0
+    copied = con.execute(f"COPY ({sql}) TO {quoted} (FORMAT parquet)").fetchone()  # (rows written,)
+    return int(copied[0]) if copied else 0
 
 
 def _load_all() -> None:
