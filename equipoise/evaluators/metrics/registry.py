@@ -74,11 +74,13 @@ def register(metric: Metric) -> Metric:
 BASE_RELATIONS = ("scored", "option_probs")
 
 
+def temp_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """Names of this connection's TEMP tables (materialized relations and caches)."""
+    return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+
+
 def _materialized(con: duckdb.DuckDBPyConnection) -> bool:
-    rows = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name IN ('scored', 'option_probs')"
-    ).fetchall()
-    return rows[0][0] == len(BASE_RELATIONS)
+    return set(BASE_RELATIONS) <= temp_tables(con)
 
 
 def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:

@@ -70,6 +70,7 @@ from equipoise.evaluators.metrics.registry import (
     prepare,
     register,
     render_sql,
+    temp_tables,
 )
 
 # a statement of confidence: the word, up to 20 non-digit characters, a number, an optional '%'
@@ -193,10 +194,7 @@ def _scores_source(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: di
     pool = str(params["pool"])
     table = f"_unc_scores_cache_{pool}"
     all_by = [*STRATA]
-    cached = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE temporary AND table_name = ?", [table]
-    ).fetchone()
-    if not cached or cached[0] == 0:
+    if table not in temp_tables(con):
         # the key is validated by scores_sql before the name is used
         con.execute(f"CREATE TEMP TABLE {table} AS {scores_sql(all_by, params)}")
     cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
@@ -223,7 +221,7 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
     q = float(params["upper_quantile"])
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"upper_quantile must lie in [0, 1], got {q}")
-    sql = _wrapped(
+    return _wrapped(
         con,
         "unc_normalized",
         by,
@@ -234,7 +232,6 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
         upper_quantile=repr(q),
         keep="true" if params["include_holdout"] else "NOT in_holdout",
     )
-    return sql
 
 
 def _score_columns_sql(cols: Sequence[str]) -> dict[str, str]:
