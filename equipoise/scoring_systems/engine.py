@@ -328,10 +328,6 @@ class CompiledSystem:
             self.criterion_bounds[crit.id] = (max(los) if los else None, min(his) if his else None)
         self._fast = _FastPath(self)
 
-    def holds_scaled(self, criterion_id: str, t: int) -> bool:
-        lo, hi = self.criterion_bounds[criterion_id]
-        return (lo is None or t >= lo) and (hi is None or t <= hi)
-
     def class_of(self, input_id: str, value: Value) -> int:
         inp = self.system.input(input_id)
         if isinstance(inp, NumericInput):
