@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from equipoise.builders.sources.adapters import SourceSpec, load
 from equipoise.builders.sources.mini import SourceError, content_revision
+from equipoise.builders.sources.registry import SourceSpec, load
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIX = REPO_ROOT / "tests" / "fixtures" / "sources"

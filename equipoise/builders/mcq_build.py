@@ -65,9 +65,9 @@ def load_source(spec: str) -> tuple[list[MCQItem], dict[str, str]]:
     """Resolve ``--source``; returns items and a {name, revision} record for the manifest."""
     if spec in ("bundled", MINI_NAME):
         return mini_items(), {"name": MINI_NAME, "revision": content_revision(MINI_PATH)}
-    from equipoise.builders.sources import adapters
+    from equipoise.builders.sources import registry
 
-    return adapters.load(spec)
+    return registry.load(spec)
 
 
 def build_mcq_suite(
@@ -180,7 +180,7 @@ def collect_images(
     :class:`SourceError`: a dataset that references images it does not hold is never written.  URLs
     and ``data:`` URIs are left as they are (nothing to copy).
     """
-    from equipoise.builders.sources.adapters import image_extension
+    from equipoise.builders.sources.gmai_mmbench import image_extension
 
     address: dict[str, str] = {}
     files: dict[str, Path] = {}
