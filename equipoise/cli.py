@@ -205,8 +205,8 @@ def build(
         typer.Option(
             "--source",
             help="MCQA source: 'bundled' (the embedded mini-source) or KIND:LOCATION[@REV][?k=v] with KIND "
-            "in medqa4, medqa5, medmcqa, medexqa, pubmedqa, gmai_mmbench, generic (LOCATION: a local "
-            "file/folder or a Hub dataset id).",
+            "in medqa4, medqa5, medmcqa, medexqa, pubmedqa, gmai_mmbench, medabstain, generic (LOCATION: a "
+            "local file/folder or a Hub dataset id).",
         ),
     ] = "bundled",
     eval_split: Annotated[
@@ -234,6 +234,34 @@ def build(
     llm_cache: Annotated[
         Path, typer.Option("--llm-cache", help="llm removal: cache folder (rebuilds never re-ask).")
     ] = Path(".equipoise-cache/llm-edits"),
+    configs: Annotated[
+        str | None, typer.Option("--configs", help="Build only these configs (comma-separated).")
+    ] = None,
+    edits: Annotated[
+        Path | None,
+        typer.Option(
+            "--edits",
+            help="medabstain: precomputed perturbations, JSONL rows {item_id, perturbed_question, "
+            "removed_text[, rationale, producer]}; used before --context-removal.",
+        ),
+    ] = None,
+    abstain_text: Annotated[
+        str | None, typer.Option("--abstain-text", help="medabstain: text of the abstain option.")
+    ] = None,
+    abstain_position: Annotated[
+        str | None,
+        typer.Option(
+            "--abstain-position",
+            help="medabstain: random, first, last or source (the source's own; default when it has one).",
+        ),
+    ] = None,
+    pool_size: Annotated[
+        int | None, typer.Option("--pool-size", help="medabstain: items per few-shot pool (default: all).")
+    ] = None,
+    pool_perturbed_share: Annotated[
+        float,
+        typer.Option("--pool-perturbed-share", help="medabstain: perturbed share of the blended pools."),
+    ] = 0.5,
 ) -> None:
     """Build a suite as a versioned Parquet dataset that `datasets.load_dataset(OUT, CONFIG)` reads.
 
@@ -273,9 +301,17 @@ def build(
             per_system=min(per_system, 30),
             eval_split=eval_split,
             pool_split=pool_split,
+            configs=[c.strip() for c in configs.split(",") if c.strip()] if configs else None,
+            edits=edits,
+            abstain_text=abstain_text,
+            abstain_position=abstain_position,
+            pool_size=pool_size,
+            pool_perturbed_share=pool_perturbed_share,
         )
     except (SourceError, TransformError, KeyError) as exc:
         _fail(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
+    except OSError as exc:  # an unwritable --out, a full disk: nothing was left behind
+        _fail(f"{out}: cannot write the dataset ({exc.strerror or exc})")
     _print_build_summary(out, manifest)
 
 
@@ -292,6 +328,10 @@ def _print_build_summary(out: Path, manifest: dict[str, Any]) -> None:
         console.print(
             f"[yellow]{len(manifest['failures'])} item(s) could not be transformed[/] (see README.md)"
         )
+    for note in manifest.get("notes") or []:
+        console.print(f"[yellow]note:[/] {note}")
+    if manifest.get("build_report"):
+        console.print(f"items in / out per config and every dropped item: {out / manifest['build_report']}")
 
 
 @app.command()

@@ -9,6 +9,7 @@ import pytest
 
 from equipoise.builders.llm_perturb import LLMContextRemover, PerturbationError
 from equipoise.builders.suites import SuiteOptions, medabstain
+from equipoise.schemas.items import LLMEdit
 from tests.fakeopenai import FakeOpenAI, completion
 from tests.mcq_factory import make_item
 
@@ -71,13 +72,60 @@ def test_llm_edits_are_recorded_cached_and_failures_reported(tmp_path, monkeypat
         assert "SECRET" not in f.read_text()
 
 
-def test_parse_rejects_edit_that_keeps_the_fact():
+def _reply(it, removed, edited):
+    return json.dumps(
+        {"key_facts": ["a"], "removed_fact": removed, "rationale": "it decides", "edited_question": edited}
+    )
+
+
+def test_parse_rejects_no_ops_and_edits_that_keep_the_fact():
     it = make_item(idx=9)
-    reply = {
-        "key_facts": ["a"],
-        "removed_fact": it.metadata.key_fact,
-        "rationale": "it decides",
-        "edited_question": it.question,
-    }
+    fact = it.metadata.key_fact
+    with pytest.raises(PerturbationError, match="no-op"):
+        LLMContextRemover._parse(it, _reply(it, fact, it.question))
+    with pytest.raises(PerturbationError, match="no-op"):  # only layout changed
+        LLMContextRemover._parse(it, _reply(it, fact, "  " + it.question.upper().replace(" ", "   ")))
+    kept = it.question.replace("with a cough", "")
     with pytest.raises(PerturbationError, match="still contains"):
-        LLMContextRemover._parse(it, json.dumps(reply))
+        LLMContextRemover._parse(it, _reply(it, fact, kept))
+    reworded = it.question.replace("presents with", "with presents")  # same words, moved
+    with pytest.raises(PerturbationError, match="drops no word"):
+        LLMContextRemover._parse(it, _reply(it, "the finding, in other words", reworded))
+
+
+def test_parse_accepts_a_paraphrased_removed_fact():
+    """Models (and the MedAbstain release) describe what they removed in their own words: the removed
+    fact need not be a span of the question, as long as the edit really removes something."""
+    it = make_item(idx=9)
+    edited = it.question.replace(it.metadata.key_fact, "").replace("  ", " ")
+    reply = LLMContextRemover._parse(it, _reply(it, "the decisive finding (no. 9) was there", edited))
+    assert reply.edited_question == edited
+
+
+def test_cached_no_op_edit_is_rejected(tmp_path):
+    """A cache entry that would make NAP a copy of NA is refused on read, not silently used."""
+    it = make_item(idx=2)
+    remover = LLMContextRemover("fake-model", base_url="http://127.0.0.1:9/v1", cache_dir=tmp_path)
+    key = remover.cache_key(it)
+    path = tmp_path / key[:2] / f"{key}.json"
+    path.parent.mkdir(parents=True)
+    bad = LLMEdit(
+        model="fake-model",
+        endpoint_kind="local-openai-compatible",
+        prompt_sha256=remover.template.sha256,
+        key_facts=["x"],
+        removed_fact=it.metadata.key_fact,
+        rationale="r",
+        original_question=it.question,
+        edited_question=it.question,
+        cache_key=key,
+    )
+    path.write_text(bad.model_dump_json(), encoding="utf-8")
+    with pytest.raises(PerturbationError, match=r"cached edit .* rejected: no-op"):
+        remover.edit(it)
+    assert remover.calls == 0
+    res = medabstain(
+        [it], SuiteOptions(seed=1, context_removal="llm", remover=remover, configs=["NA", "NAP"])
+    )
+    assert res.configs["NAP"] == [] and "no-op" in res.failures[0]["reason"]
+    assert res.dropped == [{"config": "NAP", "item": it.base_id, "reason": res.failures[0]["reason"]}]

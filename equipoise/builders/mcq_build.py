@@ -18,10 +18,13 @@ manifest, and is opened with :func:`equipoise.builders.publish.image_path` (or `
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -36,11 +39,20 @@ from equipoise.builders.dataset_writer import (
     write_dataset,
     write_manifest,
 )
+from equipoise.builders.edits import ImportedEdit, read_edits, sha256_hex
 from equipoise.builders.publish import EXTERNAL_IMAGE, IMAGE_DIR, IMAGE_RE
+from equipoise.builders.sources.base import Loaded
 from equipoise.builders.sources.mini import MINI_NAME, MINI_PATH, SourceError, content_revision, mini_items
-from equipoise.builders.suites import MCQ_SUITES, SuiteOptions, SuiteResult
+from equipoise.builders.suites import (
+    ABSTAIN_POSITIONS,
+    MCQ_SUITES,
+    MEDABSTAIN_EVAL,
+    MEDABSTAIN_POOLS,
+    SuiteOptions,
+    SuiteResult,
+)
 from equipoise.builders.transforms import TRANSFORM_VERSION
-from equipoise.schemas.items import MCQItem
+from equipoise.schemas.items import ABSTAIN_TEXT, MCQItem
 from equipoise.scoring_systems.loader import all_systems, definition_sha256
 
 CARDS_DIR = Path(__file__).resolve().parent.parent / "cards"
@@ -61,13 +73,57 @@ SUMMARIES = {
 }
 
 
-def load_source(spec: str) -> tuple[list[MCQItem], dict[str, str]]:
-    """Resolve ``--source``; returns items and a {name, revision} record for the manifest."""
+BUILD_REPORT = "build_report.json"
+
+
+class BuildError(SourceError):
+    """A build that cannot give what was asked: an unknown split or config, or a requested config that
+    would be empty.  The message names the config or option, the count, the reason and the fix."""
+
+
+def load_source(spec: str) -> Loaded:
+    """Resolve ``--source``: items, a {name, revision, ...} record for the manifest, and whatever else
+    the source carries (imported edits, abstain positions, notes)."""
     if spec in ("bundled", MINI_NAME):
-        return mini_items(), {"name": MINI_NAME, "revision": content_revision(MINI_PATH)}
+        return Loaded(mini_items(), {"name": MINI_NAME, "revision": content_revision(MINI_PATH)})
     from equipoise.builders.sources import registry
 
-    return registry.load(spec)
+    return registry.load_full(spec)
+
+
+def _edits_for(items: list[MCQItem], path: Path) -> dict[str, ImportedEdit]:
+    """``--edits FILE`` keyed by base id: a row's ``item_id`` names an item by base id or, when that
+    is unambiguous, by its source id."""
+    by_base = {i.base_id: i.base_id for i in items}
+    by_source: dict[str, list[str]] = {}
+    for i in items:
+        by_source.setdefault(i.source.source_id, []).append(i.base_id)
+    out: dict[str, ImportedEdit] = {}
+    for er, edit in read_edits(path):
+        base = by_base.get(er.item_id)
+        if base is None:
+            found = by_source.get(er.item_id, [])
+            if len(found) > 1:
+                raise BuildError(
+                    f"{path}: row {edit.row}: field 'item_id': source id {er.item_id!r} names "
+                    f"{len(found)} items ({', '.join(found[:3])}); use the item id instead"
+                )
+            if not found:
+                raise BuildError(
+                    f"{path}: row {edit.row}: field 'item_id': no source item has id {er.item_id!r} "
+                    f"(ids look like {next(iter(by_base), '?')!r})"
+                )
+            base = found[0]
+        if base in out:
+            raise BuildError(f"{path}: row {edit.row}: field 'item_id': {base!r} already has an edit")
+        out[base] = edit
+    return out
+
+
+def _check_split(option: str, split: str, splits: dict[str, int], fix: str) -> None:
+    if split not in splits:
+        have = ", ".join(f"{s} ({n} items)" for s, n in sorted(splits.items()))
+        raise BuildError(f"{option} {split!r}: the source has no such split (splits: {have}); {fix}")
 
 
 def build_mcq_suite(
@@ -82,21 +138,36 @@ def build_mcq_suite(
     per_system: int = 12,
     eval_split: str = "test",
     pool_split: str = "train",
+    configs: list[str] | None = None,
+    edits: Path | None = None,
+    abstain_text: str | None = None,
+    abstain_position: str | None = None,
+    pool_size: int | None = None,
+    pool_perturbed_share: float = 0.5,
 ) -> dict[str, Any]:
+    """Build ``suite`` into ``out`` and return its manifest.
+
+    Nothing is silently empty: an unknown split, an unknown config name or a requested config with no
+    rows raises :class:`BuildError` before anything is written, naming the fix.  The dataset is
+    written into a hidden sibling folder and renamed into place only when complete, so a failed build
+    leaves no half-written ``out`` (and an earlier build there stays as it was)."""
     if suite not in ALL_SUITES:
         raise KeyError(f"unknown suite '{suite}'; known: {', '.join(ALL_SUITES)}")
+    notes: list[str] = []
+    n_source = 0
+    splits: dict[str, int] = {}
     if suite == "calc-mcq":
         systems = list(all_systems().values())
-        configs = calc_mcq_items(systems, per_system, seed)
+        built = calc_mcq_items(systems, per_system, seed)
         result = SuiteResult(
-            configs,
+            built,
             {
                 "complete": "every finding stated; the category is determined",
                 "incomplete_determinable": "findings missing, yet every completion lands in one category",
                 "incomplete_undeterminable": "findings missing and several categories reachable: "
                 "the abstain option is the target",
             },
-            eval_configs=list(configs),
+            eval_configs=list(built),
         )
         src = {
             "name": "equipoise_scoring_systems",
@@ -104,7 +175,46 @@ def build_mcq_suite(
         }
         builder_version = CALC_MCQ_VERSION
     else:
-        items, src = load_source(source)
+        loaded = load_source(source)
+        items, src = loaded.items, loaded.record
+        notes.extend(loaded.notes)
+        n_source = len(items)
+        splits = dict(Counter(i.source.split for i in items))
+        _check_split("--eval-split", eval_split, splits, "name one of them with --eval-split")
+        if suite == "medabstain" and configs:
+            unknown = [c for c in configs if c not in (*MEDABSTAIN_EVAL, *MEDABSTAIN_POOLS)]
+            if unknown:
+                raise BuildError(
+                    f"--configs: unknown config(s) {', '.join(unknown)} for medabstain; known: "
+                    f"{', '.join((*MEDABSTAIN_EVAL, *MEDABSTAIN_POOLS))}"
+                )
+        wanted = list(configs) if configs else None
+        if suite == "medabstain" and pool_split not in splits:
+            asked_pools = [c for c in (configs or MEDABSTAIN_POOLS) if c in MEDABSTAIN_POOLS]
+            if asked_pools and not configs and loaded.pools_optional:
+                wanted = list(MEDABSTAIN_EVAL)
+                notes.append(
+                    f"no few-shot pools: the source has no {pool_split!r} split "
+                    "(its pool files are absent), so pool_* configs were not built"
+                )
+            elif asked_pools:
+                _check_split(
+                    "--pool-split",
+                    pool_split,
+                    splits,
+                    "name one with --pool-split, or build without pools: --configs NA,A,NAP,AP",
+                )
+        edit_map = dict(loaded.edits)
+        if edits is not None:
+            edit_map.update(_edits_for(items, edits))
+            src = {**src, "edits": f"{edits.name} (sha256:{sha256_hex(edits)[:12]})"}
+        position = abstain_position or ("source" if loaded.abstain_positions else "random")
+        if position not in ABSTAIN_POSITIONS:
+            raise BuildError(f"--abstain-position {position!r}: use one of {', '.join(ABSTAIN_POSITIONS)}")
+        if pool_size is not None and pool_size < 1:
+            raise BuildError(f"--pool-size {pool_size}: must be at least 1")
+        if not 0.0 <= pool_perturbed_share <= 1.0:
+            raise BuildError(f"--pool-perturbed-share {pool_perturbed_share}: must be between 0 and 1")
         opts = SuiteOptions(
             seed=seed,
             context_removal=context_removal,
@@ -113,9 +223,18 @@ def build_mcq_suite(
             n_shuffles=n_shuffles,
             eval_split=eval_split,
             pool_split=pool_split,
+            configs=wanted,
+            edits=edit_map,
+            abstain_text=abstain_text if abstain_text is not None else loaded.abstain_text,
+            abstain_position=position,
+            abstain_positions=loaded.abstain_positions,
+            pool_size=pool_size,
+            pool_perturbed_share=pool_perturbed_share,
         )
         result = MCQ_SUITES[suite](items, opts)
         builder_version = TRANSFORM_VERSION
+    result = _select(result, configs, suite)
+    _refuse_empty(result)
     result.configs, images = collect_images(result.configs, image_roots(src))
     names = list(result.configs)
     cfgs = [
@@ -126,6 +245,7 @@ def build_mcq_suite(
         name: dict(sorted(Counter(it.target.role for it in rows).items()))
         for name, rows in result.configs.items()
     }
+    report = _build_report(result, n_source, splits, eval_split, pool_split, suite, notes)
     manifest_extra = {
         "suite": suite,
         "builder": "equipoise.builders.suites",
@@ -141,18 +261,132 @@ def build_mcq_suite(
         "target_roles": counts,
         "failures": result.failures,
         "images": len(images),
+        "build_report": BUILD_REPORT,
+        "notes": notes,
     }
+    if suite == "medabstain":
+        manifest_extra["abstain"] = {
+            "text": opts.abstain_text or ABSTAIN_TEXT["Abstain"],
+            "position": opts.abstain_position,
+            "pool_size": pool_size,
+            "pool_perturbed_share": pool_perturbed_share,
+        }
     spec = DatasetSpec(
         pretty_name=f"Equipoise {suite} suite",
         license="cc-by-4.0",
         configs=cfgs,
         manifest_extra=manifest_extra,
-        card_body=_card(suite, src, seed, builder_version, cfgs, result.failures, len(images)),
+        card_body=_card(suite, src, seed, builder_version, cfgs, result.failures, len(images), report),
         tags=["medical", "abstention", "multiple-choice", "equipoise", suite],
     )
-    copy_images(out, images)
-    manifest = write_dataset(out, spec)
-    return add_manifest_files(out, sorted(images)) if images else manifest
+    with staged(out) as tmp:
+        copy_images(tmp, images)
+        write_dataset(tmp, spec)
+        (tmp / BUILD_REPORT).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        manifest = add_manifest_files(tmp, [*sorted(images), BUILD_REPORT])
+    return manifest
+
+
+def _select(result: SuiteResult, configs: list[str] | None, suite: str) -> SuiteResult:
+    """Keep the configs asked for with ``--configs`` (in the suite's order); unknown names raise."""
+    if not configs:
+        return result
+    unknown = [c for c in configs if c not in result.configs]
+    if unknown:
+        raise BuildError(
+            f"--configs: unknown or unbuilt config(s) {', '.join(unknown)} for {suite}; "
+            f"this build has: {', '.join(result.configs)}"
+        )
+    keep = [c for c in result.configs if c in configs]
+    result.configs = {c: result.configs[c] for c in keep}
+    result.eval_configs = [c for c in result.eval_configs if c in keep]
+    result.pool_configs = [c for c in result.pool_configs if c in keep]
+    result.dropped = [d for d in result.dropped if d["config"] in keep]
+    result.items_in = {c: n for c, n in result.items_in.items() if c in keep}
+    return result
+
+
+def _refuse_empty(result: SuiteResult) -> None:
+    """Raise naming every empty config (grouped by reason), the count and the fix; suggest the
+    ``--configs`` subset that would build."""
+    empty = [c for c, rows in result.configs.items() if not rows]
+    if not empty:
+        return
+    full = [c for c, rows in result.configs.items() if rows]
+    groups: dict[tuple[str, str], list[str]] = {}
+    for c in empty:
+        reason, fix = result.empty_reasons.get(
+            c, (f"0 of {result.items_in.get(c, 0)} items could be built", "check the source and --eval-split")
+        )
+        groups.setdefault((reason, fix), []).append(c)
+    subset = f", or --configs {','.join(full)}" if full else ""
+    raise BuildError(
+        "; ".join(f"{', '.join(cs)}: {reason}; {fix}{subset}" for (reason, fix), cs in groups.items())
+    )
+
+
+def _build_report(
+    result: SuiteResult,
+    n_source: int,
+    splits: dict[str, int],
+    eval_split: str,
+    pool_split: str,
+    suite: str,
+    notes: list[str],
+) -> dict[str, Any]:
+    """Items in and out per config and every dropped item with its reason (written next to the
+    manifest and hashed by it, so the counts the card states can be checked)."""
+    per_config = {}
+    for name, rows in result.configs.items():
+        n_in = result.items_in.get(name)
+        per_config[name] = {
+            "items_in": n_in,
+            "items_out": len({r.base_id for r in rows}),
+            "rows": len(rows),
+            "dropped": sum(d["config"] == name for d in result.dropped),
+        }
+    return {
+        "suite": suite,
+        "source_items": n_source,
+        "source_splits": dict(sorted(splits.items())),
+        "eval_split": eval_split if suite != "calc-mcq" else None,
+        "pool_split": pool_split if suite == "medabstain" else None,
+        "configs": per_config,
+        "dropped": result.dropped,
+        "notes": notes,
+    }
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """Yield a fresh hidden sibling folder to write into; on success it replaces ``out``, on any
+    error it is removed (with any parent folder this call created), so ``out`` is either the old
+    dataset or the complete new one.  A non-empty ``out`` that is not a dataset folder is refused."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BuildError(f"{out}: exists and is not a folder; choose another --out")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise BuildError(f"{out}: not empty and not a dataset folder (no {MANIFEST}); choose another --out")
+    created = next((p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()), None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.building-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if out.exists():
+            old = out.parent / f".{out.name}.replaced-{os.getpid()}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
 
 
 def image_roots(src: dict[str, str]) -> list[Path]:
@@ -264,6 +498,7 @@ def _card(
     cfgs: list[ConfigData],
     failures: list[dict[str, str]],
     n_images: int = 0,
+    report: dict[str, Any] | None = None,
 ) -> str:
     table = "| config | rows | content |\n| --- | --- | --- |\n" + "\n".join(
         f"| `{c.name}` | {len(c.rows)} | {c.description} |" for c in cfgs
@@ -288,6 +523,7 @@ def _card(
         else ""
     )
     rev = src["revision"] if len(src["revision"]) < 80 else src["revision"][:77] + "..."
+    counts_text = _counts_text(report) if report else ""
     return Template((CARDS_DIR / "mcqa.md").read_text(encoding="utf-8")).substitute(
         suite=suite,
         suite_summary=SUMMARIES[suite],
@@ -299,6 +535,24 @@ def _card(
         first_config=cfgs[0].name,
         config_table=table,
         failure_text=failure_text,
+        counts_text=counts_text,
         image_text=image_text,
         license="cc-by-4.0",
     )
+
+
+def _counts_text(report: dict[str, Any]) -> str:
+    """The card's statement of the build's counts (the same numbers as build_report.json)."""
+    lines = ["## Build counts", ""]
+    if report["source_items"]:
+        split_text = ", ".join(f"`{s}` {n}" for s, n in report["source_splits"].items())
+        lines.append(f"{report['source_items']} source items read ({split_text}).")
+        lines.append("")
+    lines += ["| config | items in | items out | rows | dropped |", "| --- | --- | --- | --- | --- |"]
+    for name, c in report["configs"].items():
+        n_in = "-" if c["items_in"] is None else c["items_in"]
+        lines.append(f"| `{name}` | {n_in} | {c['items_out']} | {c['rows']} | {c['dropped']} |")
+    lines += ["", f"Each dropped item is listed with its reason in `{BUILD_REPORT}`."]
+    for note in report["notes"]:
+        lines += ["", f"Note: {note}"]
+    return "\n".join(lines) + "\n\n"

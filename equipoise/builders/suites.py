@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from equipoise.builders.clindet import sub_seed
+from equipoise.builders.edits import ImportedEdit
 from equipoise.builders.transforms import (
     TransformError,
     add_nota,
+    apply_imported_edit,
     apply_llm_edit,
     insert_abstain,
     keep_k_distractors,
@@ -33,15 +35,30 @@ class ContextRemover(Protocol):
     def edit(self, item: MCQItem) -> LLMEdit: ...
 
 
+ABSTAIN_POSITIONS = ("random", "first", "last", "source")
+MEDABSTAIN_EVAL = ("NA", "A", "NAP", "AP")
+MEDABSTAIN_POOLS = ("pool_NA", "pool_A", "pool_P-NA", "pool_P-RandAbst")
+
+
 @dataclass
 class SuiteOptions:
     seed: int = 0
-    context_removal: str = "span"  # span | llm
+    context_removal: str = "span"  # span | llm (imported edits, when given, take precedence)
     remover: ContextRemover | None = None
     max_k: int | None = None
     n_shuffles: int = 4
     eval_split: str = "test"  # source split evaluated (MedMCQA: 'validation', its test has no keys)
     pool_split: str = "train"  # source split few-shot pools are drawn from
+    configs: list[str] | None = None  # None: every config of the suite
+    edits: dict[str, ImportedEdit] = field(default_factory=dict)  # base id -> edit made elsewhere
+    abstain_text: str | None = None  # None: the framing's standard text
+    abstain_position: str = "random"  # random | first | last | source (the source's own position)
+    abstain_positions: dict[str, int] = field(default_factory=dict)  # base id -> source's index
+    pool_size: int | None = None  # None: every pool-split item
+    pool_perturbed_share: float = 0.5  # share of the blended pools' items that are perturbed
+
+    def wants(self, name: str) -> bool:
+        return self.configs is None or name in self.configs
 
 
 @dataclass
@@ -51,6 +68,12 @@ class SuiteResult:
     failures: list[dict[str, str]] = field(default_factory=list)
     eval_configs: list[str] = field(default_factory=list)
     pool_configs: list[str] = field(default_factory=list)
+    # items meant for each config (its denominator) and each one left out, with the reason
+    items_in: dict[str, int] = field(default_factory=dict)
+    dropped: list[dict[str, str]] = field(default_factory=list)
+    # why a config came out empty and how to get it built: {config: (reason, fix)}
+    empty_reasons: dict[str, tuple[str, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def _split(items: list[MCQItem], name: str) -> list[MCQItem]:
@@ -58,7 +81,12 @@ def _split(items: list[MCQItem], name: str) -> list[MCQItem]:
 
 
 def _perturb(item: MCQItem, opts: SuiteOptions) -> MCQItem:
-    """Remove the key context once; every derived variant reuses this single recorded edit."""
+    """Remove the key context once; every derived variant reuses this single recorded edit.
+
+    An imported edit for the item (``--edits``, a release's perturbed file) is used first."""
+    edit = opts.edits.get(item.base_id)
+    if edit is not None:
+        return apply_imported_edit(item, edit)
     if opts.context_removal == "span":
         return remove_key_context_span(item)
     if opts.context_removal == "llm":
@@ -80,6 +108,38 @@ def _perturb_all(
     return out
 
 
+def _abstain_at(item: MCQItem, opts: SuiteOptions) -> int | str:
+    """Where the abstain option goes for ``item`` (A and AP share it, so they differ in one factor)."""
+    if opts.abstain_position == "first":
+        return 0
+    if opts.abstain_position == "source" and item.base_id in opts.abstain_positions:
+        return opts.abstain_positions[item.base_id]
+    if opts.abstain_position in ("random", "last", "source"):
+        return "last" if opts.abstain_position == "last" else "random"
+    raise TransformError(f"abstain position must be one of {', '.join(ABSTAIN_POSITIONS)}")
+
+
+def _with_abstain(item: MCQItem, opts: SuiteOptions) -> MCQItem:
+    return insert_abstain(
+        item, "Abstain", position=_abstain_at(item, opts), seed=opts.seed, text=opts.abstain_text
+    )
+
+
+def _drops(config: str, wanted: list[MCQItem], built: dict[str, MCQItem], failures: list[dict[str, str]]):
+    reason = {f["item"]: f["reason"] for f in failures}
+    return [
+        {"config": config, "item": i.base_id, "reason": reason.get(i.base_id, "not built")}
+        for i in wanted
+        if i.base_id not in built
+    ]
+
+
+def _removal_fix(opts: SuiteOptions) -> str:
+    if opts.context_removal == "llm":
+        return "check the LLM endpoint and the failures in build_report.json, or pass --edits FILE"
+    return "use --context-removal llm, --edits FILE"
+
+
 # ---------------------------------------------------------------------------------------------
 # MedAbstain (seed 000)
 # ---------------------------------------------------------------------------------------------
@@ -88,65 +148,123 @@ def medabstain(items: list[MCQItem], opts: SuiteOptions) -> SuiteResult:
 
     Fix over the public release: AP is *always* NAP plus the abstain option, built from the same
     recorded edit and the same abstain position as A, so NAP vs AP differ in exactly one factor.
+    Only the requested configs are built (no LLM call is made for NAP when only NA / A are asked).
     """
     seed = opts.seed
     failures: list[dict[str, str]] = []
+    dropped: list[dict[str, str]] = []
+    empty: dict[str, tuple[str, str]] = {}
     test = _split(items, opts.eval_split)
-    train = _split(items, opts.pool_split)
-    na = [set_variant(i, "NA") for i in test]
-    a = [set_variant(insert_abstain(i, "Abstain", seed=seed), "A") for i in test]
-    pert = _perturb_all(test, opts, failures)
-    nap = [set_variant(pert[i.base_id], "NAP") for i in test if i.base_id in pert]
-    ap = [
-        set_variant(insert_abstain(pert[i.base_id], "Abstain", seed=seed), "AP")
-        for i in test
-        if i.base_id in pert
-    ]
+    configs: dict[str, list[MCQItem]] = {}
+    items_in: dict[str, int] = {}
+    how = (
+        "have a usable edit"
+        if opts.edits
+        else ("have a key fact" if opts.context_removal == "span" else "got an accepted LLM edit")
+    )
+    if opts.wants("NA"):
+        configs["NA"] = [set_variant(i, "NA") for i in test]
+    if opts.wants("A"):
+        configs["A"] = [set_variant(_with_abstain(i, opts), "A") for i in test]
+    if opts.wants("NAP") or opts.wants("AP"):
+        pert = _perturb_all(test, opts, failures)
+        if opts.wants("NAP"):
+            configs["NAP"] = [set_variant(pert[i.base_id], "NAP") for i in test if i.base_id in pert]
+            dropped += _drops("NAP", test, pert, failures)
+        if opts.wants("AP"):
+            configs["AP"] = [
+                set_variant(_with_abstain(pert[i.base_id], opts), "AP") for i in test if i.base_id in pert
+            ]
+            dropped += _drops("AP", test, pert, failures)
+        for name in ("NAP", "AP"):
+            empty[name] = (f"0 of {len(test)} items {how} or an edit", _removal_fix(opts))
+    for name in MEDABSTAIN_EVAL:
+        if name in configs:
+            items_in[name] = len(test)
 
-    pool_na = [set_variant(i, "pool_NA") for i in train]
-    pool_a = [set_variant(insert_abstain(i, "Abstain", seed=seed), "pool_A") for i in train]
-    tpert = _perturb_all(train, opts, failures)
-    rng = random.Random(sub_seed(seed, "medabstain-pools"))
-    eligible = [i for i in train if i.base_id in tpert]
-    half = set(i.base_id for i in rng.sample(eligible, len(eligible) // 2))
-    mixed = [tpert[i.base_id] if i.base_id in half else i for i in train]
-    pool_pna = [set_variant(i, "pool_P-NA") for i in mixed]
-    perturbed_half = sorted(half)
-    relabel = set(rng.sample(perturbed_half, len(perturbed_half) // 2))
-    pool_prand = [
-        set_variant(
-            replace_gold(i, "Abstain", position="gold", seed=seed) if i.base_id in relabel else i,
-            "pool_P-RandAbst",
-        )
-        for i in mixed
-    ]
-    configs = {
-        "NA": na,
-        "A": a,
-        "NAP": nap,
-        "AP": ap,
-        "pool_NA": pool_na,
-        "pool_A": pool_a,
-        "pool_P-NA": pool_pna,
-        "pool_P-RandAbst": pool_prand,
-    }
+    share = opts.pool_perturbed_share
+    if not 0.0 <= share <= 1.0:
+        raise TransformError(f"the perturbed share of the pools must be in 0..1, got {share}")
+    if any(opts.wants(n) for n in MEDABSTAIN_POOLS):
+        train = _split(items, opts.pool_split)
+        if opts.pool_size is not None and opts.pool_size < len(train):
+            keep = set(
+                i.base_id
+                for i in random.Random(sub_seed(seed, "medabstain-pool-size")).sample(train, opts.pool_size)
+            )
+            train = [i for i in train if i.base_id in keep]  # source order kept
+        if opts.wants("pool_NA"):
+            configs["pool_NA"] = [set_variant(i, "pool_NA") for i in train]
+        if opts.wants("pool_A"):
+            configs["pool_A"] = [set_variant(_with_abstain(i, opts), "pool_A") for i in train]
+        if opts.wants("pool_P-NA") or opts.wants("pool_P-RandAbst"):
+            tpert = _perturb_all(train, opts, failures)
+            rng = random.Random(sub_seed(seed, "medabstain-pools"))
+            eligible = [i for i in train if i.base_id in tpert]
+            n_half = int(len(eligible) * share)
+            half = set(i.base_id for i in rng.sample(eligible, n_half))
+            mixed = [tpert[i.base_id] if i.base_id in half else i for i in train]
+            perturbed_half = sorted(half)
+            relabel = set(rng.sample(perturbed_half, len(perturbed_half) // 2))
+            blended = {
+                "pool_P-NA": [set_variant(i, "pool_P-NA") for i in mixed],
+                "pool_P-RandAbst": [
+                    set_variant(
+                        replace_gold(i, "Abstain", position="gold", seed=seed, text=opts.abstain_text)
+                        if i.base_id in relabel
+                        else i,
+                        "pool_P-RandAbst",
+                    )
+                    for i in mixed
+                ],
+            }
+            for name, rows in blended.items():
+                if not opts.wants(name):
+                    continue
+                if share > 0 and n_half == 0:
+                    # the card promises perturbed items: an unperturbed "blend" is not built
+                    rows = []
+                    empty[name] = (
+                        f"0 of {len(train)} pool items {how} or an edit, so the pool cannot be "
+                        f"{share:.0%} perturbed",
+                        _removal_fix(opts),
+                    )
+                    dropped += [
+                        {"config": name, "item": i.base_id, "reason": "no perturbed pool item to blend"}
+                        for i in train
+                    ]
+                configs[name] = rows
+        for name in MEDABSTAIN_POOLS:
+            if name in configs:
+                items_in[name] = len(train)
+    pct = f"{share:.0%}"
+    text = f"'{opts.abstain_text}'" if opts.abstain_text else "the standard abstain text"
+    where = {
+        "random": "at a seeded random position",
+        "first": "first",
+        "last": "last",
+        "source": "at the source's own position",
+    }.get(opts.abstain_position, opts.abstain_position)
     desc = {
         "NA": "original test items, no abstain option",
-        "A": "abstain option inserted at a seeded random position; gold still the target",
+        "A": f"abstain option ({text}) inserted {where}; gold still the target",
         "NAP": "key clinical context removed (one recorded edit); no abstain option",
         "AP": "NAP plus the abstain option at A's position (same edit as NAP)",
         "pool_NA": "few-shot pool: original train items",
         "pool_A": "few-shot pool: train items with the abstain option",
-        "pool_P-NA": "few-shot pool: 50% perturbed, 50% original train items",
+        "pool_P-NA": f"few-shot pool: {pct} perturbed, the rest original train items",
         "pool_P-RandAbst": "few-shot pool: as P-NA, with half the perturbed items relabelled so "
         "the abstain option replaces the gold and is the target",
     }
     return SuiteResult(
         configs,
-        desc,
+        {k: v for k, v in desc.items() if k in configs},
         failures,
-        ["NA", "A", "NAP", "AP"],
-        ["pool_NA", "pool_A", "pool_P-NA", "pool_P-RandAbst"],
+        [n for n in MEDABSTAIN_EVAL if n in configs],
+        [n for n in MEDABSTAIN_POOLS if n in configs],
+        items_in=items_in,
+        dropped=dropped,
+        empty_reasons=empty,
     )
 
 
@@ -170,7 +288,7 @@ def clear(items: list[MCQItem], opts: SuiteOptions) -> SuiteResult:
     distractor subset S_k is drawn and shared by all six tasks, as in the paper's protocol."""
     test = _split(items, opts.eval_split)
     n_dis = [sum(o.role == "distractor" for o in i.options) for i in test]
-    max_dis = max(n_dis)
+    max_dis = max(n_dis, default=0)
     max_k = min(opts.max_k or max_dis, max_dis)
     configs: dict[str, list[MCQItem]] = {}
     desc: dict[str, str] = {}
@@ -197,7 +315,14 @@ def clear(items: list[MCQItem], opts: SuiteOptions) -> SuiteResult:
             desc[name] = f"{k} distractor(s); target {target}" + (
                 f"; '{extra}' also offered" if extra else ""
             )
-    return SuiteResult(configs, desc, [], list(configs), [])
+    dropped = [
+        {"config": name, "item": it.base_id, "reason": f"only {n} distractor(s)"}
+        for name in configs
+        for it, n in zip(test, n_dis, strict=True)
+        if n < int(name[1 : name.index("_")])
+    ]
+    items_in = {name: len(test) for name in configs}
+    return SuiteResult(configs, desc, [], list(configs), [], items_in=items_in, dropped=dropped)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +343,7 @@ def nota(items: list[MCQItem], opts: SuiteOptions) -> SuiteResult:
         "plus_nota": "+nota: 'None of the options is correct' added as a distractor; gold stays",
         "minus_correct_plus_nota": "-correct+nota: the gold is replaced by the NOTA option, now the target",
     }
-    return SuiteResult(configs, desc, [], list(configs), [])
+    return SuiteResult(configs, desc, [], list(configs), [], items_in={n: len(test) for n in configs})
 
 
 def shuffle(items: list[MCQItem], opts: SuiteOptions) -> SuiteResult:
@@ -232,7 +357,7 @@ def shuffle(items: list[MCQItem], opts: SuiteOptions) -> SuiteResult:
         "original": "unshuffled items",
         "shuffled": f"{opts.n_shuffles} seeded permutations per item; option_id keeps identity",
     }
-    return SuiteResult(configs, desc, [], list(configs), [])
+    return SuiteResult(configs, desc, [], list(configs), [], items_in={n: len(test) for n in configs})
 
 
 MCQ_SUITES: dict[str, Callable[[list[MCQItem], SuiteOptions], SuiteResult]] = {

@@ -17,6 +17,7 @@ import functools
 import random
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,7 +33,10 @@ from equipoise.schemas.items import (
     TransformStep,
 )
 
-TRANSFORM_VERSION = "1.0.0"
+if TYPE_CHECKING:
+    from equipoise.builders.edits import ImportedEdit
+
+TRANSFORM_VERSION = "1.1.0"
 
 # MCQItem's fields in declaration order: read once rather than through pydantic's generic __iter__
 _ITEM_FIELDS: tuple[str, ...] = tuple(MCQItem.model_fields)
@@ -210,7 +214,9 @@ def insert_abstain(
     return _rebuild(item, opts, item.target.option_id, step)
 
 
-def replace_gold(item: MCQItem, replacement: str = "NA", position: str = "gold", seed: int = 0) -> MCQItem:
+def replace_gold(
+    item: MCQItem, replacement: str = "NA", position: str = "gold", seed: int = 0, text: str | None = None
+) -> MCQItem:
     """Remove the gold option and put an abstain option (NA / IDK / INA / Abstain) or NOTA in its
     place; the replacement becomes the target (CLEAR's abstention tasks, NOTA's -correct+nota)."""
     gold = [i for i, o in enumerate(item.options) if o.role == "gold"]
@@ -219,7 +225,7 @@ def replace_gold(item: MCQItem, replacement: str = "NA", position: str = "gold",
     opts = list(item.options)
     idx = gold[0]
     del opts[idx]
-    new = _nota_option() if replacement == "nota" else _abstain_option(replacement)
+    new = _nota_option() if replacement == "nota" else _abstain_option(replacement, text)
     if any(o.option_id == new.option_id for o in opts):
         raise TransformError(f"{item.item_id}: already has option {new.option_id}")
     pos = (
@@ -279,26 +285,46 @@ def shuffle_options(item: MCQItem, n: int, seed: int = 0) -> list[MCQItem]:
 
 
 def remove_key_context_span(item: MCQItem) -> MCQItem:
-    """Delete the annotated key-fact sentence from the question (MedAbstain's NAP, without an LLM).
+    """Delete the annotated key fact from the question (MedAbstain's NAP, without an LLM).
 
-    Deterministic: the removed text and the original question are recorded in the step.
+    Deterministic: the removed text and the original question are recorded in the step.  A key fact
+    that is not a verbatim span (a paraphrase, changed punctuation) is located by fuzzy alignment
+    (:func:`equipoise.builders.edits.align`) and the alignment score is recorded in the parameters.
     """
+    from equipoise.builders.edits import align, check_edit
+
     fact = item.metadata.key_fact
     if not fact:
         raise TransformError(f"{item.item_id}: no annotated key_fact to remove")
-    if item.question.count(fact) != 1:
+    if item.question.count(fact) > 1:
         raise TransformError(f"{item.item_id}: key_fact does not occur exactly once in the question")
-    edited = _MULTISPACE.sub(" ", item.question.replace(fact, " ")).strip()
-    step = _step(
-        "remove_key_context", {"method": "span"}, None, removed_text=fact, original_question=item.question
-    )
+    span = align(fact, item.question)
+    if span is None:
+        raise TransformError(
+            f"{item.item_id}: key_fact not found in the question (no alignment scores >= 80 of 100)"
+        )
+    start, end, score = span
+    removed = item.question[start:end]
+    edited = _MULTISPACE.sub(" ", item.question[:start] + " " + item.question[end:]).strip()
+    problem = check_edit(item.question, edited, removed)
+    if problem:
+        raise TransformError(f"{item.item_id}: span removal: {problem}")
+    params: dict[str, object] = {"method": "span"}
+    if score < 100.0:
+        params.update(match="fuzzy", score=str(score))  # str: floats do not key the step cache
+    step = _step("remove_key_context", params, None, removed_text=removed, original_question=item.question)
     return _rebuild(item, item.options, item.target.option_id, step, question=edited, abstain_expected=True)
 
 
 def apply_llm_edit(item: MCQItem, edit: LLMEdit) -> MCQItem:
     """Apply a recorded LLM context-removal edit (see :mod:`equipoise.builders.llm_perturb`)."""
+    from equipoise.builders.edits import check_edit
+
     if edit.original_question != item.question:
         raise TransformError(f"{item.item_id}: the edit was made for a different question text")
+    problem = check_edit(item.question, edit.edited_question, edit.removed_fact)
+    if problem:
+        raise TransformError(f"{item.item_id}: LLM edit rejected: {problem}")
     step = _step(
         "remove_key_context",
         {"method": "llm", "model": edit.model},
@@ -309,6 +335,44 @@ def apply_llm_edit(item: MCQItem, edit: LLMEdit) -> MCQItem:
     )
     return _rebuild(
         item, item.options, item.target.option_id, step, question=edit.edited_question, abstain_expected=True
+    )
+
+
+def apply_imported_edit(item: MCQItem, edit: ImportedEdit) -> MCQItem:
+    """Apply an edit made elsewhere (``--edits FILE``, the MedAbstain release's perturbed files).
+
+    The edit passes the same check as every other edit; its file, sha256, row, producer and the
+    source's own annotations (``extra``: e.g. the release's ``gold_context`` and ``reason``) are
+    recorded, with the alignment score of the removed text in the original when it aligns."""
+    from equipoise.builders.edits import align, check_edit, normalise
+
+    where = f"{edit.file} row {edit.row}"
+    if edit.original_question is not None and normalise(edit.original_question) != normalise(item.question):
+        raise TransformError(f"{item.item_id}: edit ({where}) was made for a different question text")
+    problem = check_edit(item.question, edit.perturbed_question, edit.removed_text)
+    if problem:
+        raise TransformError(f"{item.item_id}: edit ({where}) rejected: {problem}")
+    span = align(edit.removed_text, item.question)
+    params: dict[str, object] = {
+        "method": "imported",
+        "file": edit.file,
+        "sha256": edit.sha256,
+        "row": edit.row,
+        "producer": edit.producer,
+        "rationale": edit.rationale,
+        "removed_text_alignment": None if span is None else str(span[2]),
+        **{f"source_{k}": v for k, v in sorted(edit.extra.items())},
+    }
+    step = _step(
+        "remove_key_context", params, None, removed_text=edit.removed_text, original_question=item.question
+    )
+    return _rebuild(
+        item,
+        item.options,
+        item.target.option_id,
+        step,
+        question=edit.perturbed_question.strip(),
+        abstain_expected=True,
     )
 
 

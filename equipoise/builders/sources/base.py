@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from equipoise.builders.edits import ImportedEdit
 from equipoise.builders.sources.mini import SourceError
 from equipoise.schemas.items import LETTERS, ItemMetadata, MCQItem, Option, SourceRef
 
@@ -49,6 +50,22 @@ MAX_SKIP_EXAMPLES = 5
 Loader = Callable[["SourceSpec"], tuple[list[MCQItem], dict[str, str]]]
 
 
+@dataclass
+class Loaded:
+    """What a source gives a build: items and the manifest record, plus what some sources carry
+    beyond items: imported key-context edits (base id -> edit), the source's own abstain option
+    (its text and, per base id, its index), whether missing pools are expected, and notes that the
+    build prints and writes into the card."""
+
+    items: list[MCQItem]
+    record: dict[str, str]
+    edits: dict[str, ImportedEdit] = field(default_factory=dict)
+    abstain_text: str | None = None
+    abstain_positions: dict[str, int] = field(default_factory=dict)
+    pools_optional: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class SourceKind:
     """One registered source kind: ``--source NAME:...`` is read by ``loader``; ``keys`` are the query
@@ -59,6 +76,7 @@ class SourceKind:
     keys: frozenset[str] = frozenset()
     required: tuple[str, ...] = ()
     summary: str = ""
+    full_loader: Callable[[SourceSpec], Loaded] | None = None  # sources that carry more than items
 
 
 REGISTRY: dict[str, SourceKind] = {}
