@@ -9,6 +9,7 @@ from __future__ import annotations
 from equipoise.builders.sources import (  # noqa: F401  (imported for their registrations)
     generic,
     gmai_mmbench,
+    medabstain,
     medexqa,
     medmcqa,
     medqa,
