@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import pytest
 
 from equipoise.builders.sources.mini import SourceError, content_revision
 from equipoise.builders.sources.registry import SourceSpec, load
+from tests.conftest import load_local
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIX = REPO_ROOT / "tests" / "fixtures" / "sources"
@@ -85,24 +87,44 @@ def test_medqa4_gbaker_layout():
     items, rec = load(f"medqa4:{folder}")
     assert len(items) == 6 and rec["name"] == "medqa_usmle_4" and rec["splits"] == "test,train"
     assert rec["revision"] == _folder_revision(folder, list(folder.glob("*.jsonl")))
-    by = _by_id(items)
-    first = by["medqa4-test-000001"]
-    assert first.source.split == "test" and first.source.source_id == "test-000001"
+    first = items[0]
+    assert first.source.split == "test" and first.source.source_id.startswith("sha256:")
+    assert first.item_id == f"medqa4-test-{first.source.source_id.removeprefix('sha256:')}"
+    assert first.metadata.exam_part == "step2&3"  # meta_info kept
     assert first.source.dataset == "medqa_usmle_4" and first.source.revision == rec["revision"]
     assert [o.label for o in first.options] == list("ABCD") and first.target_label == "B"
     assert first.target.role == "gold" and first.target.option_id == "src:1"
     assert "clarithromycin" in first.target.text
-    assert by["medqa4-train-000003"].target.text == "Staphylococcus aureus"
+    assert [i for i in items if i.source.split == "train"][2].target.text == "Staphylococcus aureus"
     assert all(i.metadata.specialty is None and i.metadata.question_type is None for i in items)
+    assert {i.metadata.exam_part for i in items} == {"step1", "step2&3"}
+
+
+def test_medqa_ids_are_stable_when_a_copy_is_filtered_or_reordered(tmp_path):
+    """Ids come from the row's content (MedQA rows have no id), not its row number."""
+    lines = (FIX / "medqa4" / "phrases_no_exclude_test.jsonl").read_text().splitlines()
+    full, _ = load(f"medqa4:{FIX / 'medqa4' / 'phrases_no_exclude_test.jsonl'}")
+    copy = _write(tmp_path / "filtered_test.jsonl", "\n".join(reversed(lines[1:])) + "\n")
+    part, _ = load(f"medqa4:{copy}")
+    assert sorted(i.item_id for i in part) == sorted(i.item_id for i in full[1:])
+    assert {i.item_id: i.question for i in part} == {i.item_id: i.question for i in full[1:]}
+    # an explicit id wins, and an exact duplicate row gets a numbered id instead of stopping the build
+    row = json.loads(lines[0])
+    dup = _write(
+        tmp_path / "dup_test.jsonl", "\n".join([lines[0], lines[0], json.dumps({**row, "id": "q7"})])
+    )
+    items, _ = load(f"medqa4:{dup}")
+    assert [i.item_id for i in items] == [full[0].item_id, f"{full[0].item_id}~2", "medqa4-test-q7"]
 
 
 def test_medqa5_original_layout_and_single_file():
     items, rec = load(f"medqa5:{FIX / 'medqa5' / 'US'}")
     assert rec["splits"] == "dev,test,train" and len(items) == 7
     assert all(len(i.options) == 5 for i in items)
-    assert _by_id(items)["medqa5-test-000002"].target_label == "E"
+    tests = [i for i in items if i.source.split == "test"]
+    assert tests[1].target_label == "E"
     only, rec = load(f"medqa5:{FIX / 'medqa5' / 'US'}?splits=test")
-    assert [i.item_id for i in only] == [f"medqa5-test-00000{n}" for n in (1, 2, 3)]
+    assert [i.item_id for i in only] == [i.item_id for i in tests]
     one_file = FIX / "medqa5" / "US" / "dev.jsonl"
     items, rec = load(f"medqa5:{one_file}")
     assert {i.source.split for i in items} == {"dev"} and rec["revision"] == content_revision(one_file)
@@ -186,6 +208,83 @@ def test_pubmedqa_labeled_yes_no_maybe():
     )
     bare, _ = load(f"pubmedqa:{FIX / 'pubmedqa'}?context=0")
     assert bare[0].question == "Does a daily walking programme lower resting blood pressure in older adults?"
+
+
+def _official_pubmedqa(folder: Path) -> Path:
+    """The Hub fixture's rows rewritten in the official ori_pqal.json shape (a JSON object keyed by
+    PMID with QUESTION, CONTEXTS, LABELS, MESHES, YEAR, reasoning_*_pred, final_decision, LONG_ANSWER)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(FIX / "pubmedqa" / "pqa_labeled" / "train-00000-of-00001.parquet").to_pylist()
+    data = {
+        str(r["pubid"]): {
+            "QUESTION": r["question"],
+            "CONTEXTS": r["context"]["contexts"],
+            "LABELS": r["context"]["labels"],
+            "MESHES": r["context"]["meshes"],
+            "YEAR": "2019",
+            "reasoning_required_pred": "yes",
+            "reasoning_free_pred": "yes",
+            "final_decision": r["final_decision"],
+            "LONG_ANSWER": r["long_answer"],
+        }
+        for r in rows
+    }
+    return _write(folder / "ori_pqal.json", json.dumps(data, indent=1))
+
+
+def test_pubmedqa_official_ori_pqal_json_gives_the_hub_items(tmp_path):
+    hub, _ = load(f"pubmedqa:{FIX / 'pubmedqa'}")
+    path = _official_pubmedqa(tmp_path / "data")
+    items, rec = load(f"pubmedqa:{path}")
+    assert rec["layout"] == "official ori_pqal.json" and rec["revision"] == content_revision(path)
+    strip = lambda it: it.model_dump(exclude={"source": {"revision"}})  # noqa: E731
+    assert [strip(i) for i in items] == [strip(i) for i in hub]  # same ids, text, options, splits
+    # with the split file next to it: its PMIDs are the test split, the rest train
+    _write(tmp_path / "data" / "test_ground_truth.json", json.dumps({"90000002": "no", "90000004": "yes"}))
+    items, rec = load(f"pubmedqa:{tmp_path / 'data'}")
+    assert {i.item_id: i.source.split for i in items} == {
+        "pubmedqa-90000001": "train",
+        "pubmedqa-90000002": "test",
+        "pubmedqa-90000003": "train",
+        "pubmedqa-90000004": "test",
+    }
+    assert rec["layout"].endswith("test_ground_truth.json") and rec["splits"] == "test,train"
+    only, _ = load(f"pubmedqa:{tmp_path / 'data'}?splits=test")
+    assert [i.item_id for i in only] == ["pubmedqa-90000002", "pubmedqa-90000004"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: d["90000003"].pop("QUESTION"), "row 3 (PMID 90000003): field 'QUESTION': missing"),
+        (
+            lambda d: d["90000001"].update(final_decision="perhaps"),
+            "row 1 (PMID 90000001): field 'final_decision'",
+        ),
+        (
+            lambda d: d["90000002"].update(LABELS=["A"]),
+            "row 2 (PMID 90000002): field 'LABELS': 1 labels for 3",
+        ),
+    ],
+)
+def test_pubmedqa_official_bad_rows_name_the_field(tmp_path, damage, message):
+    path = _official_pubmedqa(tmp_path)
+    data = json.loads(path.read_text())
+    damage(data)
+    path.write_text(json.dumps(data))
+    with pytest.raises(SourceError, match=re.escape(message)):
+        load(f"pubmedqa:{path}")
+
+
+def test_pubmedqa_ground_truth_must_agree(tmp_path):
+    _official_pubmedqa(tmp_path)
+    _write(tmp_path / "test_ground_truth.json", json.dumps({"90000001": "no"}))
+    with pytest.raises(SourceError, match=r"field 'final_decision': 'yes' but .* says 'no'"):
+        load(f"pubmedqa:{tmp_path}")
+    _write(tmp_path / "test_ground_truth.json", json.dumps({"123": "no"}))
+    with pytest.raises(SourceError, match=re.escape("row 1: field 'PMID': 123 is not in ori_pqal.json")):
+        load(f"pubmedqa:{tmp_path}")
 
 
 # ---------------------------------------------------------------------------------------------- GMAI
@@ -388,7 +487,6 @@ def test_malformed_csv_rows(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- building
 def test_build_suite_from_an_adapter(tmp_path):
-    import datasets
 
     from equipoise.builders.mcq_build import build_mcq_suite
     from equipoise.builders.suites import SuiteOptions, clear, nota
@@ -399,8 +497,9 @@ def test_build_suite_from_an_adapter(tmp_path):
         "sha256:"
     )
     assert manifest["configs"]["k1_gold"]["rows"] == 3 and manifest["configs"]["k4_na"]["rows"] == 3
-    ds = datasets.load_dataset(str(out), "k4_gold", split="test")
-    assert sorted(ds["base_id"]) == [f"medqa5-test-00000{n}" for n in (1, 2, 3)]
+    ds = load_local(out, "k4_gold")  # a cache per build: datasets keys local folders by basename
+    test_ids = [i.item_id for i in load(f"medqa5:{FIX / 'medqa5' / 'US'}?splits=test")[0]]
+    assert sorted(ds["base_id"]) == sorted(test_ids) and len(test_ids) == 3
     # MedMCQA is evaluated on its validation split (the test split has no key)
     items, _ = load(f"medmcqa:{FIX / 'medmcqa' / 'hub'}")
     res = clear(items, SuiteOptions(eval_split="validation", max_k=2))

@@ -74,6 +74,9 @@ class ItemMetadata(_Frozen):
     question_type: QuestionType | None = None
     imaging_modality: str | None = None
     difficulty: str | None = None
+    exam_part: str | None = Field(
+        default=None, description="Exam part the source assigns (MedQA's meta_info: step1, step2&3)."
+    )
     key_fact: str | None = Field(
         default=None, description="Annotated key clinical fact: a verbatim span of the question."
     )
