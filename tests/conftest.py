@@ -42,7 +42,7 @@ def small_clindet(tmp_path_factory) -> Path:
     return out
 
 
-def load_local(folder: Path, config: str):
+def load_local(folder: Path, config: str, split: str = "test"):
     """``datasets.load_dataset(folder, config)`` with a cache dir unique to this dataset version:
     datasets 5.2 keys a local folder's cache by its basename, so two builds into folders with the
     same name would otherwise share (and return) one cached copy."""
@@ -52,4 +52,4 @@ def load_local(folder: Path, config: str):
 
     digest = hashlib.sha256((Path(folder) / "manifest.json").read_bytes()).hexdigest()[:16]
     cache = Path(folder).parent / f".hf-cache-{digest}"
-    return load_dataset(str(folder), config, split="test", cache_dir=str(cache))
+    return load_dataset(str(folder), config, split=split, cache_dir=str(cache))

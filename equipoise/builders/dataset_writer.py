@@ -71,6 +71,11 @@ class ConfigData:
     rows: list[BaseModel]
     description: str = ""
     default: bool = False
+    # further splits served from files of other configs: {split: path}.  MedAbstain's few-shot pools
+    # are their own configs (pool_NA, ...) and also the 'train' split of the variant they serve, so
+    # load_dataset(DIR, "AP", split="train") finds them where the datasets convention puts them,
+    # without storing the rows twice.
+    extra_splits: dict[str, str] = field(default_factory=dict)
 
     @property
     def path(self) -> str:
@@ -110,7 +115,10 @@ def card_yaml(spec: DatasetSpec) -> str:
         "configs": [
             {
                 "config_name": c.name,
-                "data_files": [{"split": "test", "path": c.path}],
+                "data_files": [
+                    {"split": "test", "path": c.path},
+                    *({"split": s, "path": p} for s, p in sorted(c.extra_splits.items())),
+                ],
                 **({"default": True} if c.default else {}),
             }
             for c in spec.configs

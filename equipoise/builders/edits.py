@@ -30,6 +30,7 @@ from equipoise.builders.sources.mini import SourceError
 # Below this rapidfuzz partial-alignment score (0-100) a key fact is "not found" in the question.
 MIN_FUZZY_SCORE = 80.0
 _WORD = re.compile(r"\w+")
+_TOKEN = re.compile(r"\S+")
 
 
 def normalise(text: str) -> str:
@@ -43,7 +44,8 @@ def align(fact: str, question: str) -> tuple[int, int, float] | None:
     Exactly one verbatim occurrence scores 100.  Otherwise rapidfuzz's best partial alignment of the
     fact in the question is widened to whole words; None when the fact occurs more than once (which
     one is meant cannot be told), is longer than the question, or aligns below
-    :data:`MIN_FUZZY_SCORE`."""
+    :data:`MIN_FUZZY_SCORE` (the score is rapidfuzz's ``ratio`` of the fact and the removed span,
+    case-insensitive)."""
     fact = fact.strip()
     n = question.count(fact) if fact else 0
     if n == 1:
@@ -53,17 +55,27 @@ def align(fact: str, question: str) -> tuple[int, int, float] | None:
         return None
     from rapidfuzz import fuzz
 
-    al = fuzz.partial_ratio_alignment(fact, question)
+    al = fuzz.partial_ratio_alignment(fact, question, processor=str.lower)
     if al is None or al.score < MIN_FUZZY_SCORE:
         return None
-    start, end = al.dest_start, al.dest_end
-    while start > 0 and question[start - 1].isalnum():
-        start -= 1
-    while end < len(question) and question[end].isalnum():
-        end += 1
-    if end < len(question) and question[end] in ".;,":  # take the fact's closing punctuation along
-        end += 1
-    return start, end, round(float(al.score), 2)
+    # rapidfuzz's window has the fact's length and may cut words; take the whole-word span near it
+    # that matches the fact best (ties: the earliest, then the shortest)
+    words = [(m.start(), m.end()) for m in _TOKEN.finditer(question)]
+    slack = max(12, len(fact) // 4)
+    starts = [s for s, _ in words if abs(s - al.dest_start) <= slack]
+    ends = [e for _, e in words if abs(e - al.dest_end) <= slack]
+    target = fact.lower()
+    best = max(
+        ((s, e) for s in starts for e in ends if e > s),
+        key=lambda se: (fuzz.ratio(target, question[se[0] : se[1]].lower()), -se[0], -(se[1] - se[0])),
+        default=None,
+    )
+    if best is None:
+        return None
+    score = fuzz.ratio(target, question[best[0] : best[1]].lower())
+    if score < MIN_FUZZY_SCORE:
+        return None
+    return best[0], best[1], round(float(score), 2)
 
 
 def check_edit(original: str, edited: str, removed: str) -> str | None:

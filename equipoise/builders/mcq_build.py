@@ -74,6 +74,9 @@ SUMMARIES = {
 
 
 BUILD_REPORT = "build_report.json"
+# MedAbstain's Appendix C pairing of pools and variants (the same as evaluators.fewshot's, which is
+# downstream of the builders and so not imported here)
+POOL_FOR_VARIANT = {"NA": "pool_NA", "A": "pool_A", "NAP": "pool_P-NA", "AP": "pool_P-RandAbst"}
 
 
 class BuildError(SourceError):
@@ -241,6 +244,12 @@ def build_mcq_suite(
         ConfigData(name, MCQItem, result.configs[name], result.descriptions.get(name, ""), default=i == 0)
         for i, name in enumerate(names)
     ]
+    if suite == "medabstain":  # each pool is also the 'train' split of the variant it serves
+        path_of = {c.name: c.path for c in cfgs}
+        for c in cfgs:
+            pool = POOL_FOR_VARIANT.get(c.name)
+            if pool in path_of:
+                c.extra_splits = {"train": path_of[pool]}
     counts = {
         name: dict(sorted(Counter(it.target.role for it in rows).items()))
         for name, rows in result.configs.items()
@@ -536,6 +545,7 @@ def _card(
         config_table=table,
         failure_text=failure_text,
         counts_text=counts_text,
+        pool_text=_pool_text(cfgs),
         image_text=image_text,
         license="cc-by-4.0",
     )
@@ -556,3 +566,17 @@ def _counts_text(report: dict[str, Any]) -> str:
     for note in report["notes"]:
         lines += ["", f"Note: {note}"]
     return "\n".join(lines) + "\n\n"
+
+
+def _pool_text(cfgs: list[ConfigData]) -> str:
+    served = [(c.name, c.extra_splits["train"]) for c in cfgs if "train" in c.extra_splits]
+    if not served:
+        return ""
+    pairs = ", ".join(f"`{name}`: `{path.split('/')[1]}`" for name, path in served)
+    return (
+        "\nEach few-shot pool is also the `train` split of the variant it pairs with, read from the pool\n"
+        f"config's own file ({pairs}):\n\n"
+        "```python\n"
+        f'pool = load_dataset("PATH_OR_REPO", "{served[-1][0]}", split="train")\n'
+        "```\n"
+    )
