@@ -82,6 +82,10 @@ def test_unknown_config_and_bad_options(tmp_path):
     _assert_user_error(
         _build("medabstain", "--out", str(out), "--abstain-position", "middle"), out, "random, first, last"
     )
+    _assert_user_error(
+        _build("medabstain", "--out", str(out), "--context-removal", "foo"), out, "use span or llm"
+    )
+    _assert_user_error(_build("medabstain", "--out", str(out), "--pool-size", "0"), out, "--pool-size 0")
 
 
 def test_failed_rebuild_keeps_the_earlier_dataset(tmp_path):

@@ -207,6 +207,8 @@ def build_mcq_suite(
                     splits,
                     "name one with --pool-split, or build without pools: --configs NA,A,NAP,AP",
                 )
+        if suite == "medabstain" and context_removal not in ("span", "llm"):
+            raise BuildError(f"--context-removal {context_removal!r}: use span or llm")
         edit_map = dict(loaded.edits)
         if edits is not None:
             edit_map.update(_edits_for(items, edits))

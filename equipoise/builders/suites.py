@@ -157,11 +157,12 @@ def medabstain(items: list[MCQItem], opts: SuiteOptions) -> SuiteResult:
     test = _split(items, opts.eval_split)
     configs: dict[str, list[MCQItem]] = {}
     items_in: dict[str, int] = {}
-    how = (
-        "have a usable edit"
-        if opts.edits
-        else ("have a key fact" if opts.context_removal == "span" else "got an accepted LLM edit")
-    )
+    if opts.edits:
+        how = "have a usable edit (imported, or from the key fact)"
+    elif opts.context_removal == "span":
+        how = "have a key fact or an edit"
+    else:
+        how = "got an accepted LLM edit"
     if opts.wants("NA"):
         configs["NA"] = [set_variant(i, "NA") for i in test]
     if opts.wants("A"):
@@ -177,7 +178,7 @@ def medabstain(items: list[MCQItem], opts: SuiteOptions) -> SuiteResult:
             ]
             dropped += _drops("AP", test, pert, failures)
         for name in ("NAP", "AP"):
-            empty[name] = (f"0 of {len(test)} items {how} or an edit", _removal_fix(opts))
+            empty[name] = (f"0 of {len(test)} items {how}", _removal_fix(opts))
     for name in MEDABSTAIN_EVAL:
         if name in configs:
             items_in[name] = len(test)
@@ -225,8 +226,7 @@ def medabstain(items: list[MCQItem], opts: SuiteOptions) -> SuiteResult:
                     # the card promises perturbed items: an unperturbed "blend" is not built
                     rows = []
                     empty[name] = (
-                        f"0 of {len(train)} pool items {how} or an edit, so the pool cannot be "
-                        f"{share:.0%} perturbed",
+                        f"0 of {len(train)} pool items {how}, so the pool cannot be {share:.0%} perturbed",
                         _removal_fix(opts),
                     )
                     dropped += [
