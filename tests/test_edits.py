@@ -84,11 +84,20 @@ def test_unrelated_or_ambiguous_fact_is_refused():
         ("A patient has a cough. Fever to 39 C. What?", "Fever to 39 C.", "still contains"),
         ("What next? A patient has a cough. Fever to 39 C.", "the fever", "drops no word"),
         ("", "Fever to 39 C.", "empty"),
+        ("A patient has a cough. What next?", "Fever to 39 C.", None),
+        # removing a sentence whose words all occur elsewhere is still a removal (word counts drop)
+        ("A patient has a cough. Fever to 39 C.", "What next?", None),
     ],
 )
 def test_edit_check(edited, removed, problem):
     got = check_edit("A patient has a cough. Fever to 39 C. What next?", edited, removed)
     assert (got is None) if problem is None else (problem in got)
+
+
+def test_removal_of_a_sentence_with_repeated_words_is_accepted():
+    q = "Cough for a week. The cough is dry. Which test is next?"
+    assert check_edit(q, "Cough for a week. Which test is next?", "The cough is dry.") is None
+    assert "drops no word" in check_edit(q, "The cough is dry. Cough for a week. Which test is next?", "x")
 
 
 def test_pools_are_the_train_split_of_their_variant(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -85,9 +86,11 @@ def check_edit(original: str, edited: str, removed: str) -> str | None:
         return "the edited question is empty"
     if e == o:
         return "no-op: the edited question equals the original"
-    if r and r in o and r in e:
-        return "the edited question still contains the removed text verbatim"
-    if not set(_WORD.findall(o)) - set(_WORD.findall(e)):
+    if r:
+        whole = re.compile(rf"(?<!\w){re.escape(r)}(?!\w)")  # as words: 'x' is not in 'next'
+        if whole.search(o) and whole.search(e):
+            return "the edited question still contains the removed text verbatim"
+    if not Counter(_WORD.findall(o)) - Counter(_WORD.findall(e)):  # counts: a repeated word can go
         return "the edited question drops no word of the original (a rewording, not a removal)"
     return None
 
