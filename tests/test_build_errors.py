@@ -131,3 +131,21 @@ def test_dropped_items_are_listed_with_their_reason(tmp_path):
     assert report["dropped"] == [] or all(d["reason"] for d in report["dropped"])
     for c in report["configs"].values():
         assert c["items_out"] + c["dropped"] == c["items_in"]
+
+
+def test_validate_names_an_empty_config(tmp_path):
+    """A folder with an empty config (as older builds wrote) gets a plain message, not a dtype error."""
+    import pyarrow.parquet as pq
+
+    from equipoise.builders.dataset_writer import sha256_file, write_manifest
+
+    out = tmp_path / "ds"
+    m = build_mcq_suite("nota", out, seed=1)
+    path = out / m["configs"]["plus_nota"]["path"]
+    pq.write_table(pq.read_table(path).slice(0, 0), path)
+    man = json.loads((out / "manifest.json").read_text())
+    man["files"][m["configs"]["plus_nota"]["path"]] = sha256_file(path)
+    man["configs"]["plus_nota"]["rows"] = 0
+    write_manifest(out, man)
+    problems = validate_folder(out).problems
+    assert problems == [f"{path}: config 'plus_nota' has 0 rows (an empty config is never published)"]

@@ -192,6 +192,9 @@ def validate_folder(folder: Path, reprove: bool = True) -> ValidationReport:
             rep.problems.append(f"{path}: {len(rows)} rows, manifest says {info['rows']}")
         if name in ("explanation", "prompts"):
             continue
+        if not rows and model is MCQItem:  # say so; the frame check would trip over all-null types
+            rep.problems.append(f"{path}: config '{name}' has 0 rows (an empty config is never published)")
+            continue
         frame = _case_frame(rows) if model is DeterminabilityCase else _mcq_frame(rows)
         try:
             (CASE_FRAME if model is DeterminabilityCase else MCQ_FRAME).validate(frame, lazy=True)
