@@ -297,7 +297,8 @@ def load_medabstain(spec: SourceSpec) -> Loaded:
             base = f"medabstain-test-{row.id}"
             if base not in test:
                 _bad(
-                    f"{abst.path}: row {n}: field 'id': {row.id!r} is not a test item of {plain_name(plain)}",
+                    f"{abst.path}: row {n}: field 'id': {row.id!r} is not a test item of "
+                    f"{_plain_name(plain)}",
                     bad,
                     skip,
                 )
@@ -379,7 +380,7 @@ def load_medabstain(spec: SourceSpec) -> Loaded:
     )
 
 
-def plain_name(f: _File | None) -> str:
+def _plain_name(f: _File | None) -> str:
     return f.path.name if f else "the test file"
 
 
