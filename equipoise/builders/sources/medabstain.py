@@ -30,6 +30,9 @@ How it maps (``--source medabstain:DIR_OR_FILE``):
   of those items.  Copies of the release often lack the pool files: the build then goes on without
   pools and says so.
 
+Query keys: ``config=DS`` picks the source tag when a folder holds files of several, ``splits=``
+and ``bad_rows=skip`` as for every kind.
+
 The files are read with :mod:`json`, not ``datasets``: the ``choices`` mappings have a different set of
 letters per file (A-E, or A-F with the abstain choice), which ``datasets`` would merge into one struct
 padded with nulls, hiding exactly the row shape the checks here are about.
