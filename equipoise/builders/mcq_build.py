@@ -516,7 +516,8 @@ def _card(
     )
     if failures:
         failure_text = (
-            f"## Items not built\n\n{len(failures)} item(s) could not be transformed:\n\n"
+            f"## Items not transformed\n\n{len(failures)} item(s) could not be transformed; they are left\n"
+            "out of the configs that need the transform (counted above) and kept in the others:\n\n"
             + "\n".join(f"- `{f['item']}` ({f['step']}): {f['reason']}" for f in failures[:50])
         )
     else:
