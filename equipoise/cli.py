@@ -234,6 +234,9 @@ def build(
     llm_cache: Annotated[
         Path, typer.Option("--llm-cache", help="llm removal: cache folder (rebuilds never re-ask).")
     ] = Path(".equipoise-cache/llm-edits"),
+    units: Annotated[
+        str, typer.Option("--units", help="clindet: lab values in vignettes in 'us' or 'si' units.")
+    ] = "us",
 ) -> None:
     """Build a suite as a versioned Parquet dataset that `datasets.load_dataset(OUT, CONFIG)` reads.
 
@@ -245,8 +248,10 @@ def build(
     if suite == "clindet":
         from equipoise.builders.clindet_suite import build_clindet
 
+        if units not in ("us", "si"):
+            _fail(f"--units must be 'us' or 'si', got '{units}'")
         ids = [_system(name).id for name in system] if system else None
-        manifest = build_clindet(out, per_system=per_system, seed=seed, systems=ids)
+        manifest = build_clindet(out, per_system=per_system, seed=seed, systems=ids, units=units)  # type: ignore[arg-type]
         _print_build_summary(out, manifest)
         return
     from equipoise.builders.mcq_build import build_mcq_suite

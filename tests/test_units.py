@@ -267,3 +267,50 @@ def test_band_unit_must_convert(tmp_path):
     with pytest.raises(DefinitionError, match="source 'nobody1999' is not a reference id"):
         load_definition(p)
     assert Band(lt=1, points=0).bounds() == (None, None, None, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Vignettes in SI or US units: same findings and labels, SI values in the same class
+# --------------------------------------------------------------------------------------------
+SI_SYSTEMS = ["glasgow_blatchford", "has_bled", "glasgow_imrie", "curb_65"]
+
+
+def test_si_and_us_builds_share_findings_and_labels_and_card_says_which(tmp_path):
+    from equipoise.builders.clindet_suite import build_clindet, read_cases
+    from equipoise.builders.vignette import si_text
+
+    folders = {}
+    for units in ("us", "si"):
+        folders[units] = tmp_path / units
+        manifest = build_clindet(
+            folders[units], per_system=3, seed=5, systems=SI_SYSTEMS, progress=False, units=units
+        )
+        assert manifest["units"] == units
+        assert json.loads((folders[units] / "manifest.json").read_text())["units"] == units
+        card = (folders[units] / "README.md").read_text(encoding="utf-8")
+        assert f"units: `{units}`" in card
+    us, si = read_cases(folders["us"]), read_cases(folders["si"])
+    assert len(us) == len(si) > 0
+    key = lambda c: (c.case_id, c.findings_json, c.label, c.s_min, c.s_max, c.completions_met)  # noqa: E731
+    assert [key(c) for c in us] == [key(c) for c in si]
+    n_si_values = 0
+    for case_us, case_si in zip(us, si, strict=True):
+        system = SYSTEMS[case_si.system_id]
+        known = json.loads(case_si.findings_json)
+        stated = dict(known)
+        for fid, value in known.items():
+            inp = system.input(fid)
+            if isinstance(inp, NumericInput) and inp.si is not None:
+                text = si_text(inp, value)
+                assert f"{text} {inp.si.unit}" in case_si.vignette, (case_si.case_id, fid)
+                assert f"{text} {inp.si.unit}" not in case_us.vignette or inp.si.unit == inp.unit
+                stated[fid] = f"{text} {inp.si.unit}"  # what the SI vignette says, with its unit
+                n_si_values += 1
+        # the label of what the SI vignette states, evaluated independently, is the case's label
+        assert evaluate(system, stated).label(case_si.criterion_id) == case_si.label, case_si.case_id
+    assert n_si_values > 20
+
+
+def test_build_units_option_is_checked(tmp_path):
+    res = runner.invoke(app, ["build", "clindet", "--out", str(tmp_path / "x"), "--units", "metric"])
+    assert res.exit_code == 2 and "--units must be 'us' or 'si'" in res.output

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from typing import Literal
 
 from equipoise.schemas.scoring import (
     BinaryInput,
@@ -21,8 +22,11 @@ from equipoise.schemas.scoring import (
     NumericInput,
     ScoringSystem,
 )
+from equipoise.schemas.units import convert, format_number
 
 Value = bool | str | float
+Units = Literal["us", "si"]
+UNIT_CONVENTIONS: tuple[str, str] = ("us", "si")
 
 # Findings that score in *no* bundled system's inputs they mention; each lists the input ids it
 # would contradict, so a system that reads one of them never receives it as a distractor.
@@ -155,6 +159,14 @@ def format_value(inp: NumericInput, value: float) -> str:
     return f"{value:.{inp.decimals}f}"
 
 
+def si_text(inp: NumericInput, value: float) -> str | None:
+    """The value as an SI vignette states it (converted, rounded to the SI decimals), or None
+    when the finding's own unit is already the SI convention."""
+    if inp.si is None:
+        return None
+    return format_number(convert(float(value), inp.unit, inp.si.unit, inp.quantity), inp.si.decimals)
+
+
 def _join(parts: list[str]) -> str:
     if len(parts) == 1:
         return parts[0]
@@ -166,14 +178,23 @@ def _cap(s: str) -> str:
 
 
 def render_finding(
-    inp: BinaryInput | CategoricalInput | NumericInput, value: Value, rng: random.Random
+    inp: BinaryInput | CategoricalInput | NumericInput,
+    value: Value,
+    rng: random.Random,
+    units: Units = "us",
 ) -> str:
+    """One finding as text. ``units='si'`` states a lab value with an ``si`` rendering in SI units;
+    both conventions draw the same random numbers, so only the stated unit differs."""
     if isinstance(inp, BinaryInput):
         return rng.choice(inp.present if value else inp.absent)
     if isinstance(inp, CategoricalInput):
         cat = next(c for c in inp.categories if c.value == value)
         return rng.choice(cat.phrases)
     assert isinstance(inp, NumericInput)
+    if units == "si" and inp.si is not None:
+        k = rng.randrange(len(inp.phrases))  # same draw as the US branch's rng.choice
+        tmpl = inp.si.phrases[k % len(inp.si.phrases)]
+        return tmpl.replace("{value}", si_text(inp, float(value)) or "").replace("{unit}", inp.si.unit)
     tmpl = rng.choice(inp.phrases)
     return tmpl.replace("{value}", format_value(inp, float(value))).replace("{unit}", inp.unit)
 
@@ -196,9 +217,14 @@ _NEWBORN_LEADS = {
 
 
 def render_vignette(
-    system: ScoringSystem, findings: Mapping[str, Value], rng: random.Random, n_distractors: int = 2
+    system: ScoringSystem,
+    findings: Mapping[str, Value],
+    rng: random.Random,
+    n_distractors: int = 2,
+    units: Units = "us",
 ) -> str:
-    """Compose a vignette stating exactly ``findings`` (inputs absent from it are not mentioned)."""
+    """Compose a vignette stating exactly ``findings`` (inputs absent from it are not mentioned),
+    with lab values in the ``units`` convention ('us': the definition's units; 'si': SI)."""
     v = system.vignette
     age_inp = next((i for i in system.inputs if i.demographic == "age"), None)
     sex_inp = next((i for i in system.inputs if i.demographic == "sex"), None)
@@ -253,7 +279,7 @@ def render_vignette(
     for inp in system.inputs:
         if inp.demographic is not None or inp.id not in findings:
             continue
-        text = render_finding(inp, findings[inp.id], rng)
+        text = render_finding(inp, findings[inp.id], rng, units)
         if is_clause(text):
             subj = rng.choice([pronoun, pronoun, "The patient"]) if v.subject != "newborn" else pronoun
             clause_sents.append(f"{subj} {text}.")
