@@ -314,3 +314,22 @@ def test_si_and_us_builds_share_findings_and_labels_and_card_says_which(tmp_path
 def test_build_units_option_is_checked(tmp_path):
     res = runner.invoke(app, ["build", "clindet", "--out", str(tmp_path / "x"), "--units", "metric"])
     assert res.exit_code == 2 and "--units must be 'us' or 'si'" in res.output
+
+
+@pytest.mark.parametrize("system_id", SYSTEM_IDS)
+def test_evaluate_at_every_bound_and_its_neighbours_equals_the_point_table(system_id):
+    """Deterministic sweep of the values where exactness matters: each bound and the floats just
+    either side, one numeric finding at a time in random complete contexts, through `evaluate`'s
+    own validation and classing path, against `score_values` on the raw values."""
+    from equipoise.scoring_systems.engine import score_values
+
+    system = SYSTEMS[system_id]
+    rng = random.Random(f"bounds-{system_id}")
+    contexts = [{i.id: random_value(i, rng) for i in system.inputs} for _ in range(3)]
+    for inp in system.inputs:
+        if not isinstance(inp, NumericInput):
+            continue
+        for x in bruteforce.cut_candidates(system, inp):
+            for ctx in contexts:
+                values = {**ctx, inp.id: x}
+                assert evaluate(system, values).total == score_values(system, values), (system_id, inp.id, x)

@@ -3,13 +3,16 @@
 Why it is exact
 ---------------
 Every finding has finitely many *classes*: binary findings have two, categorical ones one per value,
-and a numeric finding is cut by every band bound and condition bound that mentions it into intervals
-on which every item behaves the same (restricted to the value grid ``min + k*step``). Any completion
-of the missing findings is therefore equivalent, for every item, to a choice of one class per missing
-finding. Items (or capped groups of items) that read disjoint sets of missing findings vary
-independently, so the engine enumerates the class product *within* each cluster of items linked by a
-shared missing finding, and combines clusters by an exact sumset convolution that also counts
-completions and keeps a witness completion for every reachable total.
+and a numeric finding's range ``[min, max]`` is cut by every band bound and condition bound that
+mentions it (the published cut-offs, converted exactly into the finding's unit) into points and open
+intervals on which every item behaves the same (`Partition`). The classes are real-valued: any
+value in range, on the case-generation grid ``min + k*step`` or not, falls in exactly one, so the
+grid never moves a cut-off. Any completion of the missing findings is therefore equivalent, for
+every item, to a choice of one class per missing finding. Items (or capped groups of items) that
+read disjoint sets of missing findings vary independently, so the engine enumerates the class
+product *within* each cluster of items linked by a shared missing finding, and combines clusters by
+an exact sumset convolution that also counts completions and keeps a witness completion for every
+reachable total.
 
 Points are scaled to integers (e.g. Wells PE's 1.5 becomes 3 half-points) so the arithmetic is exact.
 
