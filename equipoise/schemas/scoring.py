@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
@@ -190,10 +191,17 @@ class Atom(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    def bounds(self) -> tuple[float | None, float | None, float | None, float | None]:
-        """(ge, gt, le, lt) in the *input's* unit: the published bounds, converted if needed."""
+    @cached_property
+    def bounds_in_input_unit(self) -> tuple[float | None, float | None, float | None, float | None]:
+        """(ge, gt, le, lt) in the *input's* unit: the published bounds, converted if needed.
+
+        Cached because the plain reference evaluation reads it for every band of every completion.
+        """
         c = self._in_input_unit
         return (self.ge, self.gt, self.le, self.lt) if c is None else c  # type: ignore[return-value]
+
+    def bounds(self) -> tuple[float | None, float | None, float | None, float | None]:
+        return self.bounds_in_input_unit
 
     @model_validator(mode="after")
     def _one_kind(self) -> Atom:
@@ -239,10 +247,17 @@ class Band(_Strict):
     source: Ident | None = Field(default=None, description="Reference id the bounds were read from.")
     _in_input_unit: tuple[float | None, ...] | None = PrivateAttr(default=None)
 
-    def bounds(self) -> tuple[float | None, float | None, float | None, float | None]:
-        """(ge, gt, le, lt) in the *input's* unit: the published bounds, converted if needed."""
+    @cached_property
+    def bounds_in_input_unit(self) -> tuple[float | None, float | None, float | None, float | None]:
+        """(ge, gt, le, lt) in the *input's* unit: the published bounds, converted if needed.
+
+        Cached because the plain reference evaluation reads it for every band of every completion.
+        """
         c = self._in_input_unit
         return (self.ge, self.gt, self.le, self.lt) if c is None else c  # type: ignore[return-value]
+
+    def bounds(self) -> tuple[float | None, float | None, float | None, float | None]:
+        return self.bounds_in_input_unit
 
     def has_bounds(self) -> bool:
         return any(v is not None for v in (self.ge, self.gt, self.le, self.lt))
@@ -561,6 +576,7 @@ def _resolve_sources_and_units(system: ScoringSystem, inputs: dict[str, Any]) ->
                 raise ValueError(f"item '{item.id}': unit '{h.unit}' on non-numeric input '{input_id}'")
             if canonical(h.unit) == canonical(inp.unit):
                 continue
+            h.__dict__.pop("bounds_in_input_unit", None)  # never keep bounds cached before conversion
             try:
                 h._in_input_unit = tuple(
                     None if v is None else convert(v, h.unit, inp.unit, inp.quantity)
