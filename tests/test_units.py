@@ -309,6 +309,11 @@ def test_si_and_us_builds_share_findings_and_labels_and_card_says_which(tmp_path
         # the label of what the SI vignette states, evaluated independently, is the case's label
         assert evaluate(system, stated).label(case_si.criterion_id) == case_si.label, case_si.case_id
     assert n_si_values > 20
+    # an SI rebuild with the same seed is byte-identical (every file hash in the manifest)
+    again = tmp_path / "si-again"
+    build_clindet(again, per_system=3, seed=5, systems=SI_SYSTEMS, progress=False, units="si")
+    assert (again / "manifest.json").read_bytes() == (folders["si"] / "manifest.json").read_bytes()
+    assert (again / "README.md").read_bytes() == (folders["si"] / "README.md").read_bytes()
 
 
 def test_build_units_option_is_checked(tmp_path):
