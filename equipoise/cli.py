@@ -116,12 +116,21 @@ def systems_show(
     for i in s.inputs:
         desc = (
             f"{i.min}..{i.max} {i.unit} (step {i.step})"
+            + (f"; also in {i.si.unit}" if i.si is not None else "")
             if i.kind == "numeric"
             else ", ".join(i.values())
             if i.kind == "categorical"
             else "yes / no"
         )
         t.add_row(i.id, i.kind, desc)
+    console.print(t)
+    from equipoise.schemas.scoring import published_cutoffs
+
+    t = Table(title="published cut-offs (as the source states them)")
+    for col in ("where", "bounds", "unit", "source"):
+        t.add_column(col)
+    for row in published_cutoffs(s):
+        t.add_row(*row)
     console.print(t)
     t = Table(title="criteria")
     for col in ("criterion", "rule", "primary"):

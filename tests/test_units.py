@@ -338,3 +338,10 @@ def test_evaluate_at_every_bound_and_its_neighbours_equals_the_point_table(syste
             for ctx in contexts:
                 values = {**ctx, inp.id: x}
                 assert evaluate(system, values).total == score_values(system, values), (system_id, inp.id, x)
+
+
+def test_systems_show_lists_published_cutoffs_with_unit_and_source():
+    res = runner.invoke(app, ["systems", "show", "has_bled"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    row = next(ln for ln in res.output.splitlines() if "a_renal" in ln)
+    assert "≥ 200" in row and "µmol/L" in row and "pisters2010" in row

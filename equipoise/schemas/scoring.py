@@ -552,6 +552,26 @@ def numeric_bound_holders(
     return out
 
 
+def published_cutoffs(system: ScoringSystem) -> list[tuple[str, str, str, str]]:
+    """(where, bounds, unit, source) of every numeric cut-off, as its source publishes it."""
+    items = {i.id: i for i in system.items}
+    rows: list[tuple[str, str, str, str]] = []
+    for where, h in numeric_bound_holders(system):
+        if isinstance(h, Criterion):
+            unit = "points"
+        elif isinstance(h, Atom):
+            unit = h.unit or system.input(h.input).unit
+        else:
+            item = items[where.split(".")[1]]
+            assert isinstance(item, NumericItem)
+            unit = h.unit or system.input(item.input).unit
+        ops = (("≥", h.ge), (">", h.gt), ("≤", h.le), ("<", h.lt))
+        rows.append(
+            (where, " and ".join(f"{op} {v:g}" for op, v in ops if v is not None), unit, h.source or "-")
+        )
+    return rows
+
+
 def _resolve_sources_and_units(system: ScoringSystem, inputs: dict[str, Any]) -> None:
     """Check every ``source`` names a reference and convert published bounds to the input unit.
 
