@@ -116,7 +116,7 @@ def systems_show(
     for i in s.inputs:
         desc = (
             f"{i.min}..{i.max} {i.unit} (step {i.step})"
-            + (f"; also in {i.si.unit}" if i.si is not None else "")
+            + "".join(f"; {u} in {r.unit}" for u, r in (("SI", i.si), ("US", i.us)) if r is not None)
             if i.kind == "numeric"
             else ", ".join(i.values())
             if i.kind == "categorical"

@@ -272,12 +272,12 @@ def test_band_unit_must_convert(tmp_path):
 # --------------------------------------------------------------------------------------------
 # Vignettes in SI or US units: same findings and labels, SI values in the same class
 # --------------------------------------------------------------------------------------------
-SI_SYSTEMS = ["glasgow_blatchford", "has_bled", "glasgow_imrie", "curb_65"]
+SI_SYSTEMS = ["glasgow_blatchford", "has_bled", "glasgow_imrie", "curb_65", "sirs", "alvarado"]
 
 
 def test_si_and_us_builds_share_findings_and_labels_and_card_says_which(tmp_path):
     from equipoise.builders.clindet_suite import build_clindet, read_cases
-    from equipoise.builders.vignette import si_text
+    from equipoise.builders.vignette import stated_text
 
     folders = {}
     for units in ("us", "si"):
@@ -289,25 +289,27 @@ def test_si_and_us_builds_share_findings_and_labels_and_card_says_which(tmp_path
         assert json.loads((folders[units] / "manifest.json").read_text())["units"] == units
         card = (folders[units] / "README.md").read_text(encoding="utf-8")
         assert f"units: `{units}`" in card
-    us, si = read_cases(folders["us"]), read_cases(folders["si"])
-    assert len(us) == len(si) > 0
+    built = {u: read_cases(folders[u]) for u in ("us", "si")}
+    assert len(built["us"]) == len(built["si"]) > 0
     key = lambda c: (c.case_id, c.findings_json, c.label, c.s_min, c.s_max, c.completions_met)  # noqa: E731
-    assert [key(c) for c in us] == [key(c) for c in si]
-    n_si_values = 0
-    for case_us, case_si in zip(us, si, strict=True):
-        system = SYSTEMS[case_si.system_id]
-        known = json.loads(case_si.findings_json)
-        stated = dict(known)
-        for fid, value in known.items():
-            inp = system.input(fid)
-            if isinstance(inp, NumericInput) and inp.si is not None:
-                text = si_text(inp, value)
-                assert f"{text} {inp.si.unit}" in case_si.vignette, (case_si.case_id, fid)
-                assert f"{text} {inp.si.unit}" not in case_us.vignette or inp.si.unit == inp.unit
-                stated[fid] = f"{text} {inp.si.unit}"  # what the SI vignette says, with its unit
-                n_si_values += 1
-        # the label of what the SI vignette states, evaluated independently, is the case's label
-        assert evaluate(system, stated).label(case_si.criterion_id) == case_si.label, case_si.case_id
+    assert [key(c) for c in built["us"]] == [key(c) for c in built["si"]]
+    n_stated = {"us": 0, "si": 0}
+    for units, cases in built.items():
+        for case in cases:
+            system = SYSTEMS[case.system_id]
+            known = json.loads(case.findings_json)
+            stated = dict(known)
+            for fid, value in known.items():
+                inp = system.input(fid)
+                if isinstance(inp, NumericInput) and (got := stated_text(inp, value, units)) is not None:
+                    text = f"{got[0]} {got[1]}"
+                    assert text in case.vignette, (units, case.case_id, fid)
+                    stated[fid] = text  # what the vignette says, with its unit
+                    n_stated[units] += 1
+            # the label of what the vignette states, evaluated independently, is the case's label
+            assert evaluate(system, stated).label(case.criterion_id) == case.label, (units, case.case_id)
+    n_si_values = n_stated["si"]
+    assert n_stated["us"] > 5  # temperatures stated in °F
     assert n_si_values > 20
     # an SI rebuild with the same seed is byte-identical (every file hash in the manifest)
     again = tmp_path / "si-again"

@@ -23,7 +23,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from equipoise.builders.vignette import Units, render_vignette, si_text
+from equipoise.builders.vignette import UNIT_CONVENTIONS, Units, render_vignette, stated_text
 from equipoise.schemas.clindet import (
     CONDITIONS,
     Condition,
@@ -143,27 +143,29 @@ def _sample_value(cs: CompiledSystem, input_id: str, cls_idx: int, rng: random.R
     # rarely sit at physiological extremes (a class of 'SpO2 <= 91%' rarely yields 50%)
     k = mode + (rng.triangular(k_lo, k_hi, mode) - mode) * 0.5 if k_hi > k_lo else k_lo
     k = min(max(round(k), k_lo), k_hi)
-    # the nearest grid value whose SI statement (rounded) lies in the same class, so an SI
-    # vignette states a value with the same label; chosen whatever --units is, so SI and US
-    # builds of one seed hold identical findings
+    # the nearest grid value whose statement in every convention (rounded) lies in the same
+    # class, so an SI or US vignette states a value with the same label; chosen whatever --units
+    # is, so SI and US builds of one seed hold identical findings
     for d in range(k_hi - k_lo + 1):
         for kk in (k - d, k + d) if d else (k,):
-            if k_lo <= kk <= k_hi and _si_keeps_class(cs, inp, grid_value(inp, kk), cls_idx):
+            if k_lo <= kk <= k_hi and _statements_keep_class(cs, inp, grid_value(inp, kk), cls_idx):
                 return grid_value(inp, kk)
-    raise _NoValue(f"{cs.system.id}.{input_id}: no grid value of class {cls_idx} states the same class in SI")
+    raise _NoValue(f"{cs.system.id}.{input_id}: no grid value of class {cls_idx} keeps its class when stated")
 
 
 class _NoValue(Exception):
-    """A class whose grid values all change class when rounded in SI units (try other classes)."""
+    """A class whose grid values all change class when stated in another unit (try other classes)."""
 
 
-def _si_keeps_class(cs: CompiledSystem, inp: NumericInput, value: float, cls_idx: int) -> bool:
-    text = si_text(inp, value)
-    if text is None:
-        return True
-    assert inp.si is not None
-    back = convert(float(text), inp.si.unit, inp.unit, inp.quantity)
-    return inp.min <= back <= inp.max and cs.class_of(inp.id, back) == cls_idx
+def _statements_keep_class(cs: CompiledSystem, inp: NumericInput, value: float, cls_idx: int) -> bool:
+    for units in UNIT_CONVENTIONS:
+        stated = stated_text(inp, value, units)
+        if stated is None:
+            continue
+        back = convert(float(stated[0]), stated[1], inp.unit, inp.quantity)
+        if not (inp.min <= back <= inp.max and cs.class_of(inp.id, back) == cls_idx):
+            return False
+    return True
 
 
 def _attempt(

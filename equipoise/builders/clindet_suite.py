@@ -140,7 +140,8 @@ def build_clindet(
 
 _UNITS_TEXT = {
     "us": "US conventional units in vignettes (BUN, creatinine, glucose, bilirubin, calcium in mg/dL; "
-    "haemoglobin and albumin in g/dL; blood gases in mmHg)",
+    "haemoglobin and albumin in g/dL; blood gases in mmHg; temperature in °F); `findings_json` keeps "
+    "the definitions' units, and every stated value lies in the same cut-off class as the finding",
     "si": "SI units in vignettes (urea, glucose, calcium in mmol/L; creatinine and bilirubin in µmol/L; "
     "haemoglobin and albumin in g/L; blood gases in kPa); `findings_json` keeps the definitions' "
     "units, and every stated SI value lies in the same cut-off class as the finding",

@@ -159,12 +159,13 @@ def format_value(inp: NumericInput, value: float) -> str:
     return f"{value:.{inp.decimals}f}"
 
 
-def si_text(inp: NumericInput, value: float) -> str | None:
-    """The value as an SI vignette states it (converted, rounded to the SI decimals), or None
-    when the finding's own unit is already the SI convention."""
-    if inp.si is None:
+def stated_text(inp: NumericInput, value: float, units: Units) -> tuple[str, str] | None:
+    """(number, unit) as a vignette in the ``units`` convention states the value (converted and
+    rounded to the rendering's decimals), or None when the definition's own unit is used."""
+    r = inp.rendering(units)
+    if r is None:
         return None
-    return format_number(convert(float(value), inp.unit, inp.si.unit, inp.quantity), inp.si.decimals)
+    return format_number(convert(float(value), inp.unit, r.unit, inp.quantity), r.decimals), r.unit
 
 
 def _join(parts: list[str]) -> str:
@@ -183,18 +184,20 @@ def render_finding(
     rng: random.Random,
     units: Units = "us",
 ) -> str:
-    """One finding as text. ``units='si'`` states a lab value with an ``si`` rendering in SI units;
-    both conventions draw the same random numbers, so only the stated unit differs."""
+    """One finding as text. A value with a rendering for ``units`` (``si`` / ``us``) is stated in
+    that unit; every convention draws the same random numbers, so only the stated unit differs."""
     if isinstance(inp, BinaryInput):
         return rng.choice(inp.present if value else inp.absent)
     if isinstance(inp, CategoricalInput):
         cat = next(c for c in inp.categories if c.value == value)
         return rng.choice(cat.phrases)
     assert isinstance(inp, NumericInput)
-    if units == "si" and inp.si is not None:
-        k = rng.randrange(len(inp.phrases))  # same draw as the US branch's rng.choice
-        tmpl = inp.si.phrases[k % len(inp.si.phrases)]
-        return tmpl.replace("{value}", si_text(inp, float(value)) or "").replace("{unit}", inp.si.unit)
+    stated = stated_text(inp, float(value), units)
+    if stated is not None:
+        r = inp.rendering(units)
+        assert r is not None
+        k = rng.randrange(len(inp.phrases))  # the same draw as rng.choice(inp.phrases) below
+        return r.phrases[k % len(r.phrases)].replace("{value}", stated[0]).replace("{unit}", stated[1])
     tmpl = rng.choice(inp.phrases)
     return tmpl.replace("{value}", format_value(inp, float(value))).replace("{unit}", inp.unit)
 

@@ -105,8 +105,8 @@ class CategoricalInput(_InputBase):
         return [c.value for c in self.categories]
 
 
-class SIRendering(_Strict):
-    """How a vignette states the finding in SI units (``--units si``) when its unit is not SI."""
+class Rendering(_Strict):
+    """How a vignette states the finding in another unit convention (``--units si|us``)."""
 
     unit: str
     decimals: int = Field(ge=0, le=4)
@@ -141,7 +141,10 @@ class NumericInput(_InputBase):
     phrases: list[str] = Field(
         min_length=1, description="Templates with '{value}' (and optionally '{unit}')."
     )
-    si: SIRendering | None = None
+    si: Rendering | None = Field(default=None, description="SI statement when `unit` is not SI.")
+    us: Rendering | None = Field(
+        default=None, description="US statement when `unit` is not the US convention (e.g. °F)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> NumericInput:
@@ -152,12 +155,17 @@ class NumericInput(_InputBase):
         for p in self.phrases:
             if "{value}" not in p:
                 raise ValueError(f"phrase {p!r} has no '{{value}}' placeholder")
-        if self.si is not None:
-            try:
-                convert(1.0, self.unit, self.si.unit, self.quantity)
-            except UnitError as exc:
-                raise ValueError(f"si unit of input '{self.id}': {exc}") from None
+        for name, r in (("si", self.si), ("us", self.us)):
+            if r is not None:
+                try:
+                    convert(1.0, self.unit, r.unit, self.quantity)
+                except UnitError as exc:
+                    raise ValueError(f"{name} unit of input '{self.id}': {exc}") from None
         return self
+
+    def rendering(self, units: str) -> Rendering | None:
+        """The statement for a unit convention, None when the definition's own unit is used."""
+        return self.si if units == "si" else self.us if units == "us" else None
 
     @property
     def decimals(self) -> int:
