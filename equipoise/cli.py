@@ -116,12 +116,21 @@ def systems_show(
     for i in s.inputs:
         desc = (
             f"{i.min}..{i.max} {i.unit} (step {i.step})"
+            + "".join(f"; {u} in {r.unit}" for u, r in (("SI", i.si), ("US", i.us)) if r is not None)
             if i.kind == "numeric"
             else ", ".join(i.values())
             if i.kind == "categorical"
             else "yes / no"
         )
         t.add_row(i.id, i.kind, desc)
+    console.print(t)
+    from equipoise.schemas.scoring import published_cutoffs
+
+    t = Table(title="published cut-offs (as the source states them)")
+    for col in ("where", "bounds", "unit", "source"):
+        t.add_column(col)
+    for row in published_cutoffs(s):
+        t.add_row(*row)
     console.print(t)
     t = Table(title="criteria")
     for col in ("criterion", "rule", "primary"):
@@ -262,6 +271,9 @@ def build(
         float,
         typer.Option("--pool-perturbed-share", help="medabstain: perturbed share of the blended pools."),
     ] = 0.5,
+    units: Annotated[
+        str, typer.Option("--units", help="clindet: lab values in vignettes in 'us' or 'si' units.")
+    ] = "us",
 ) -> None:
     """Build a suite as a versioned Parquet dataset that `datasets.load_dataset(OUT, CONFIG)` reads.
 
@@ -273,8 +285,10 @@ def build(
     if suite == "clindet":
         from equipoise.builders.clindet_suite import build_clindet
 
+        if units not in ("us", "si"):
+            _fail(f"--units must be 'us' or 'si', got '{units}'")
         ids = [_system(name).id for name in system] if system else None
-        manifest = build_clindet(out, per_system=per_system, seed=seed, systems=ids)
+        manifest = build_clindet(out, per_system=per_system, seed=seed, systems=ids, units=units)  # type: ignore[arg-type]
         _print_build_summary(out, manifest)
         return
     from equipoise.builders.mcq_build import build_mcq_suite

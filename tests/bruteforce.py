@@ -1,22 +1,62 @@
 """Independent reference for the engine: plain enumeration of completions.
 
 Nothing here uses the engine's classes, scaling, clustering or sumsets. Totals come from
-``score_values`` (a direct reading of the definition) applied to every completion built with
-``itertools.product``.
+``score_values`` (a direct reading of the definition's point table) applied to every completion
+built with ``itertools.product``.
+
+Numeric findings are real-valued, so their completions cannot all be listed; `cut_candidates`
+reads the bounds straight from the definition and lists, for each, the bound itself and the
+floats immediately below and above it, plus both ends of the range. Every interval between two
+consecutive bounds then holds a candidate, and a value's points depend only on which side of each
+bound it lies, so enumerating these candidates reaches every total any real value in range can
+reach, without trusting the engine's class split.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping
 
-from equipoise.schemas.scoring import BinaryInput, CategoricalInput, NumericInput, ScoringSystem
+from equipoise.schemas.scoring import (
+    BinaryInput,
+    CategoricalInput,
+    NumericInput,
+    NumericItem,
+    RuleItem,
+    ScoringSystem,
+    iter_atoms,
+)
 from equipoise.scoring_systems.engine import score_values
 
 
 def full_grid(inp: NumericInput) -> list[float]:
     n = round((inp.max - inp.min) / inp.step) + 1
     return [round(inp.min + k * inp.step, 6) for k in range(n)]
+
+
+def definition_bounds(system: ScoringSystem, input_id: str) -> set[float]:
+    """Every bound on one numeric input, in the input's unit, read from the items directly."""
+    out: set[float] = set()
+    for item in system.items:
+        holders = []
+        if isinstance(item, NumericItem) and item.input == input_id:
+            holders = list(item.bands)
+        elif isinstance(item, RuleItem):
+            holders = [a for c in item.cases for a in iter_atoms(c.when) if a.input == input_id]
+        for h in holders:
+            out.update(v for v in h.bounds() if v is not None)
+    return out
+
+
+def cut_candidates(system: ScoringSystem, inp: NumericInput) -> list[float]:
+    """Values visiting every interval the definition's bounds cut ``[min, max]`` into."""
+    vals = {float(inp.min), float(inp.max)}
+    for c in definition_bounds(system, inp.id):
+        for v in (c, math.nextafter(c, -math.inf), math.nextafter(c, math.inf)):
+            if inp.min <= v <= inp.max:
+                vals.add(v)
+    return sorted(vals)
 
 
 def candidates(

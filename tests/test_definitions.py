@@ -93,7 +93,11 @@ def test_bundled_file_roundtrips(tmp_path):
         (lambda d: d["items"][2]["bands"].append({"ge": 70, "points": 3}), "items.a.bands", "overlap"),
         (lambda d: d["criteria"][0].update(ge=99), "criteria.high_risk", "always 'Not met'"),
         (lambda d: d["references"][0].pop("year"), "references.0.year", "Field required"),
-        (lambda d: d["items"][2]["bands"][1].update(ge=74.5), "inputs.age", "not on the grid"),
+        (
+            lambda d: (d["items"][2]["bands"][0].update(lt=74.5), d["items"][2]["bands"][1].update(ge=74.6)),
+            "inputs.age",
+            "use a finer step",
+        ),
     ],
 )
 def test_malformed_definition_names_file_field_and_reason(tmp_path, mutate, field, reason):

@@ -8,9 +8,11 @@ equal what plain enumeration of every completion gives:
   a missing numeric input): nothing of the engine is used on the reference side. Only small missing
   sets fit, so the strategy spends a completion budget while it decides which inputs go missing.
 * ``test_engine_matches_enumeration_over_classes`` lets any subset go missing (all of them included)
-  and enumerates one value per engine class of each missing numeric input; that reduction is sound
-  because ``test_engine_exact.test_numeric_classes_partition_the_whole_grid`` proves every grid value
-  scores like its class representative. Here the witnesses are also checked to be real completions.
+  and enumerates, for each missing numeric input, the values `bruteforce.cut_candidates` reads from
+  the definition's bounds (each bound and the floats just either side of it): every real value in
+  range scores like one of them, so no engine class is trusted. Known numeric values are drawn off
+  the grid too (any float in range, bounds and their neighbours). Here the witnesses are also
+  checked to be real completions.
 
 Hypothesis's example database is off (``database=None``) so runs leave nothing in the working tree.
 """
@@ -59,9 +61,21 @@ def grid_findings(draw: st.DrawFn, system: ScoringSystem, cap: int) -> tuple[dic
     return known, missing
 
 
+def any_value(system: ScoringSystem, inp) -> st.SearchStrategy:
+    """A known value: a choice, or for a numeric input a grid value, a bound or a float next to
+    one, or any float in range (almost surely off the grid)."""
+    if inp.kind != "numeric":
+        return st.sampled_from(bruteforce.candidates(inp))
+    return st.one_of(
+        st.sampled_from(bruteforce.candidates(inp)),
+        st.sampled_from(bruteforce.cut_candidates(system, inp)),
+        st.floats(min_value=inp.min, max_value=inp.max, allow_nan=False, allow_infinity=False),
+    )
+
+
 @st.composite
 def any_partial_findings(draw: st.DrawFn, system: ScoringSystem) -> tuple[dict, list[str]]:
-    """Any subset missing (empty and full included); known values from the full grid / choices."""
+    """Any subset missing (empty and full included); known values on or off the grid."""
     flags = draw(st.lists(st.booleans(), min_size=len(system.inputs), max_size=len(system.inputs)))
     known: dict[str, object] = {}
     missing: list[str] = []
@@ -69,7 +83,7 @@ def any_partial_findings(draw: st.DrawFn, system: ScoringSystem) -> tuple[dict, 
         if gone:
             missing.append(inp.id)
         else:
-            known[inp.id] = draw(st.sampled_from(bruteforce.candidates(inp)))
+            known[inp.id] = draw(any_value(system, inp), label=inp.id)
     return known, missing
 
 
@@ -99,11 +113,20 @@ def test_engine_matches_enumeration_over_classes(system_id: str, data: st.DataOb
     cs = compile_system(system)
     known, missing = data.draw(any_partial_findings(system), label="findings")
     space = 1
+    brute_space = 1
     for i in missing:
         space *= len(cs.classes[i])
-    assume(space <= CLASS_CAP)
-    reps = {i: list(cs.classes[i]) for i in missing if system.input(i).kind == "numeric"}
-    expect = bruteforce.reachable(system, known, reps)
+        inp = system.input(i)
+        brute_space *= (
+            len(bruteforce.cut_candidates(system, inp)) if inp.kind == "numeric" else len(cs.classes[i])
+        )
+    assume(brute_space <= CLASS_CAP)
+    cands = {
+        i: bruteforce.cut_candidates(system, system.input(i))
+        for i in missing
+        if system.input(i).kind == "numeric"
+    }
+    expect = bruteforce.reachable(system, known, cands)
     ev = evaluate(system, known)
     assert ev.reachable == expect, f"{system_id} known={known}"
     assert _labels(ev) == bruteforce.labels(system, expect), f"{system_id} known={known}"

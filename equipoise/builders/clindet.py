@@ -23,7 +23,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from equipoise.builders.vignette import render_vignette
+from equipoise.builders.vignette import UNIT_CONVENTIONS, Units, render_vignette, stated_text
 from equipoise.schemas.clindet import (
     CONDITIONS,
     Condition,
@@ -31,6 +31,7 @@ from equipoise.schemas.clindet import (
     canonical_json,
 )
 from equipoise.schemas.scoring import Criterion, NumericInput, ScoringSystem
+from equipoise.schemas.units import convert
 from equipoise.scoring_systems.engine import (
     CompiledSystem,
     _clamp,
@@ -141,8 +142,30 @@ def _sample_value(cs: CompiledSystem, input_id: str, cls_idx: int, rng: random.R
     # triangular toward the normal value, pulled halfway in again: values stay inside the class but
     # rarely sit at physiological extremes (a class of 'SpO2 <= 91%' rarely yields 50%)
     k = mode + (rng.triangular(k_lo, k_hi, mode) - mode) * 0.5 if k_hi > k_lo else k_lo
-    k = round(k)
-    return grid_value(inp, min(max(k, k_lo), k_hi))
+    k = min(max(round(k), k_lo), k_hi)
+    # the nearest grid value whose statement in every convention (rounded) lies in the same
+    # class, so an SI or US vignette states a value with the same label; chosen whatever --units
+    # is, so SI and US builds of one seed hold identical findings
+    for d in range(k_hi - k_lo + 1):
+        for kk in (k - d, k + d) if d else (k,):
+            if k_lo <= kk <= k_hi and _statements_keep_class(cs, inp, grid_value(inp, kk), cls_idx):
+                return grid_value(inp, kk)
+    raise _NoValue(f"{cs.system.id}.{input_id}: no grid value of class {cls_idx} keeps its class when stated")
+
+
+class _NoValue(Exception):
+    """A class whose grid values all change class when stated in another unit (try other classes)."""
+
+
+def _statements_keep_class(cs: CompiledSystem, inp: NumericInput, value: float, cls_idx: int) -> bool:
+    for units in UNIT_CONVENTIONS:
+        stated = stated_text(inp, value, units)
+        if stated is None:
+            continue
+        back = convert(float(stated[0]), stated[1], inp.unit, inp.quantity)
+        if not (inp.min <= back <= inp.max and cs.class_of(inp.id, back) == cls_idx):
+            return False
+    return True
 
 
 def _attempt(
@@ -186,6 +209,7 @@ def build_case(
     seed: int,
     attempts: int = 30,
     start: tuple[dict[str, int], str] | None = None,
+    units: Units = "us",
 ) -> DeterminabilityCase | None:
     """Build one case, or None when no attempt yields the requested condition and label."""
     cs = compile_system(system)
@@ -204,7 +228,10 @@ def build_case(
         if got is None:
             continue
         cls, removed = got
-        values = {i: _sample_value(cs, i, c, rng) for i, c in cls.items()}
+        try:
+            values = {i: _sample_value(cs, i, c, rng) for i, c in cls.items()}
+        except _NoValue:
+            continue
         known = {i: v for i, v in values.items() if i not in removed}
         ev = evaluate(system, known)
         result = ev.criteria[criterion.id]
@@ -212,7 +239,7 @@ def build_case(
         expected = source_label if condition != "incomplete_undeterminable" else "Unable to determine"
         if result.label != expected:
             continue  # cannot happen if class search is right; never publish a mismatch
-        vignette = render_vignette(system, known, rng)
+        vignette = render_vignette(system, known, rng, units=units)
         question = (
             f"Based on the case description, does the patient {criterion.question} "
             f"according to the {system.name}?"
@@ -300,6 +327,7 @@ def generate_system_cases(
     per_condition: int,
     seed: int,
     criteria: Iterable[str] | None = None,
+    units: Units = "us",
 ) -> tuple[list[DeterminabilityCase], list[Shortfall]]:
     """``per_condition`` cases for each of the three conditions, spread over criteria and labels."""
     crits = [c for c in system.criteria if criteria is None or c.id in set(criteria)]
@@ -318,7 +346,7 @@ def generate_system_cases(
                 index = 0
                 # a slice that fails repeatedly at the start is infeasible or nearly so
                 while built < n and misses < max(3, n // 2 + 1):
-                    case = build_case(system, crit, condition, source_label, index, seed)
+                    case = build_case(system, crit, condition, source_label, index, seed, units=units)
                     index += 1
                     if case is None:
                         misses += 1
@@ -332,7 +360,14 @@ def generate_system_cases(
                         rng = random.Random(sub_seed(seed, system.id, crit.id, "witness", source_label))
                         while built < n:
                             case = build_case(
-                                system, crit, condition, source_label, index, seed, start=rng.choice(wit)
+                                system,
+                                crit,
+                                condition,
+                                source_label,
+                                index,
+                                seed,
+                                start=rng.choice(wit),
+                                units=units,
                             )
                             index += 1
                             if case is not None:

@@ -15,6 +15,7 @@ from equipoise import __version__
 from equipoise.builders.clindet import GENERATOR_VERSION, Shortfall, generate_system_cases
 from equipoise.builders.dataset_writer import ConfigData, DatasetSpec, write_dataset
 from equipoise.builders.prompts import all_templates, get_template
+from equipoise.builders.vignette import UNIT_CONVENTIONS, Units
 from equipoise.schemas.clindet import CONDITIONS, DeterminabilityCase, canonical_json
 from equipoise.scoring_systems.loader import all_systems, definition_sha256
 from equipoise.scoring_systems.rubric import build_rubric
@@ -51,8 +52,15 @@ def build_clindet(
     seed: int = 0,
     systems: list[str] | None = None,
     progress: bool = True,
+    units: Units = "us",
 ) -> dict[str, Any]:
-    """Generate and write the suite; ``per_system`` cases per system for *each* condition."""
+    """Generate and write the suite; ``per_system`` cases per system for *each* condition.
+
+    ``units`` only changes how vignettes state lab values ('us': the definitions' units, e.g. BUN
+    mg/dL; 'si': SI, e.g. urea mmol/L): findings, labels and every proof are identical.
+    """
+    if units not in UNIT_CONVENTIONS:
+        raise ValueError(f"units must be one of {UNIT_CONVENTIONS}, got {units!r}")
     registry = all_systems()
     chosen = [registry[s] for s in (systems or sorted(registry))]
     cases: list[DeterminabilityCase] = []
@@ -61,7 +69,7 @@ def build_clindet(
         task = bar.add_task("generating cases", total=len(chosen))
         for system in chosen:
             bar.update(task, description=f"generating {system.name}")
-            got, short = generate_system_cases(system, per_system, seed)
+            got, short = generate_system_cases(system, per_system, seed, units=units)
             cases.extend(got)
             shortfalls.extend(short)
             bar.advance(task)
@@ -109,6 +117,7 @@ def build_clindet(
         "package_version": __version__,
         "seed": seed,
         "per_system": per_system,
+        "units": units,
         "sources": {
             s.id: {"name": s.name, "version": s.version, "definition_sha256": definition_sha256(s.id)}
             for s in chosen
@@ -123,13 +132,30 @@ def build_clindet(
         license=LICENSE,
         configs=configs,
         manifest_extra=manifest_extra,
-        card_body=_card(chosen, configs, shortfalls, seed, per_system),
+        card_body=_card(chosen, configs, shortfalls, seed, per_system, units),
         tags=["medical", "abstention", "determinability", "clinical-scoring-systems", "equipoise"],
     )
     return write_dataset(out, spec)
 
 
-def _card(systems: list, configs: list[ConfigData], shortfalls: list[Shortfall], seed: int, per: int) -> str:
+_UNITS_TEXT = {
+    "us": "US conventional units in vignettes (BUN, creatinine, glucose, bilirubin, calcium in mg/dL; "
+    "haemoglobin and albumin in g/dL; blood gases in mmHg; temperature in °F); `findings_json` keeps "
+    "the definitions' units, and every stated value lies in the same cut-off class as the finding",
+    "si": "SI units in vignettes (urea, glucose, calcium in mmol/L; creatinine and bilirubin in µmol/L; "
+    "haemoglobin and albumin in g/L; blood gases in kPa); `findings_json` keeps the definitions' "
+    "units, and every stated SI value lies in the same cut-off class as the finding",
+}
+
+
+def _card(
+    systems: list,
+    configs: list[ConfigData],
+    shortfalls: list[Shortfall],
+    seed: int,
+    per: int,
+    units: str = "us",
+) -> str:
     config_table = "| config | rows | content |\n| --- | --- | --- |\n" + "\n".join(
         f"| `{c.name}` | {len(c.rows)} | {c.description} |" for c in configs
     )
@@ -158,6 +184,7 @@ def _card(systems: list, configs: list[ConfigData], shortfalls: list[Shortfall],
         package_version=__version__,
         seed=seed,
         per_system=per,
+        units_text=f"`{units}`: {_UNITS_TEXT[units]}",
         shortfall_text=shortfall_text,
         system_table=system_table,
         license=LICENSE,

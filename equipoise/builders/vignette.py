@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from typing import Literal
 
 from equipoise.schemas.scoring import (
     BinaryInput,
@@ -21,8 +22,11 @@ from equipoise.schemas.scoring import (
     NumericInput,
     ScoringSystem,
 )
+from equipoise.schemas.units import convert, format_number
 
 Value = bool | str | float
+Units = Literal["us", "si"]
+UNIT_CONVENTIONS: tuple[str, str] = ("us", "si")
 
 # Findings that score in *no* bundled system's inputs they mention; each lists the input ids it
 # would contradict, so a system that reads one of them never receives it as a distractor.
@@ -155,6 +159,15 @@ def format_value(inp: NumericInput, value: float) -> str:
     return f"{value:.{inp.decimals}f}"
 
 
+def stated_text(inp: NumericInput, value: float, units: Units) -> tuple[str, str] | None:
+    """(number, unit) as a vignette in the ``units`` convention states the value (converted and
+    rounded to the rendering's decimals), or None when the definition's own unit is used."""
+    r = inp.rendering(units)
+    if r is None:
+        return None
+    return format_number(convert(float(value), inp.unit, r.unit, inp.quantity), r.decimals), r.unit
+
+
 def _join(parts: list[str]) -> str:
     if len(parts) == 1:
         return parts[0]
@@ -166,14 +179,25 @@ def _cap(s: str) -> str:
 
 
 def render_finding(
-    inp: BinaryInput | CategoricalInput | NumericInput, value: Value, rng: random.Random
+    inp: BinaryInput | CategoricalInput | NumericInput,
+    value: Value,
+    rng: random.Random,
+    units: Units = "us",
 ) -> str:
+    """One finding as text. A value with a rendering for ``units`` (``si`` / ``us``) is stated in
+    that unit; every convention draws the same random numbers, so only the stated unit differs."""
     if isinstance(inp, BinaryInput):
         return rng.choice(inp.present if value else inp.absent)
     if isinstance(inp, CategoricalInput):
         cat = next(c for c in inp.categories if c.value == value)
         return rng.choice(cat.phrases)
     assert isinstance(inp, NumericInput)
+    stated = stated_text(inp, float(value), units)
+    if stated is not None:
+        r = inp.rendering(units)
+        assert r is not None
+        k = rng.randrange(len(inp.phrases))  # the same draw as rng.choice(inp.phrases) below
+        return r.phrases[k % len(r.phrases)].replace("{value}", stated[0]).replace("{unit}", stated[1])
     tmpl = rng.choice(inp.phrases)
     return tmpl.replace("{value}", format_value(inp, float(value))).replace("{unit}", inp.unit)
 
@@ -196,9 +220,14 @@ _NEWBORN_LEADS = {
 
 
 def render_vignette(
-    system: ScoringSystem, findings: Mapping[str, Value], rng: random.Random, n_distractors: int = 2
+    system: ScoringSystem,
+    findings: Mapping[str, Value],
+    rng: random.Random,
+    n_distractors: int = 2,
+    units: Units = "us",
 ) -> str:
-    """Compose a vignette stating exactly ``findings`` (inputs absent from it are not mentioned)."""
+    """Compose a vignette stating exactly ``findings`` (inputs absent from it are not mentioned),
+    with lab values in the ``units`` convention ('us': the definition's units; 'si': SI)."""
     v = system.vignette
     age_inp = next((i for i in system.inputs if i.demographic == "age"), None)
     sex_inp = next((i for i in system.inputs if i.demographic == "sex"), None)
@@ -253,7 +282,7 @@ def render_vignette(
     for inp in system.inputs:
         if inp.demographic is not None or inp.id not in findings:
             continue
-        text = render_finding(inp, findings[inp.id], rng)
+        text = render_finding(inp, findings[inp.id], rng, units)
         if is_clause(text):
             subj = rng.choice([pronoun, pronoun, "The patient"]) if v.subject != "newborn" else pronoun
             clause_sents.append(f"{subj} {text}.")

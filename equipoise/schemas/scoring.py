@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Annotated, Literal
+from functools import cached_property
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from equipoise.schemas.units import Quantity, UnitError, canonical, convert
 
 IDENT = r"^[a-z][a-z0-9_]*$"
 Ident = Annotated[str, Field(pattern=IDENT)]
@@ -33,8 +36,13 @@ class _Strict(BaseModel):
 
 
 class Reference(_Strict):
-    """A publication or guideline the definition was checked against."""
+    """A publication or guideline the definition was checked against.
 
+    ``id`` is the key a cut-off's ``source`` names, so every published number points at the
+    paper it was read from.
+    """
+
+    id: Ident | None = None
     citation: str = Field(min_length=10)
     year: int = Field(ge=1900, le=2100)
     role: Literal["original", "guideline", "validation", "variant", "review"] = "original"
@@ -97,21 +105,45 @@ class CategoricalInput(_InputBase):
         return [c.value for c in self.categories]
 
 
+class Rendering(_Strict):
+    """How a vignette states the finding in another unit convention (``--units si|us``)."""
+
+    unit: str
+    decimals: int = Field(ge=0, le=4)
+    phrases: list[str] = Field(min_length=1, description="Templates with '{value}'.")
+
+    @field_validator("phrases")
+    @classmethod
+    def _placeholders(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if "{value}" not in p:
+                raise ValueError(f"phrase {p!r} has no '{{value}}' placeholder")
+        return v
+
+
 class NumericInput(_InputBase):
     """A measured quantity.
 
-    Values live on the grid ``min + k * step``; determinability is exact with respect to that
-    grid, so a cut-off between two grid points never creates a value no instrument would report.
+    ``unit`` is what a bare number means; ``min``/``max`` bound the physiologically possible
+    values (anything outside is refused). The grid ``min + k * step`` only *generates* cases: the
+    engine splits values by the exact published cut-offs, so any value in range, on or off the
+    grid, gets its exact answer. ``quantity`` names what is measured, which decides the units a
+    finding may also be given in (see `equipoise.schemas.units`).
     """
 
     kind: Literal["numeric"] = "numeric"
     unit: str
+    quantity: Quantity | None = None
     min: float
     max: float
     step: float = Field(gt=0)
     normal: float
     phrases: list[str] = Field(
         min_length=1, description="Templates with '{value}' (and optionally '{unit}')."
+    )
+    si: Rendering | None = Field(default=None, description="SI statement when `unit` is not SI.")
+    us: Rendering | None = Field(
+        default=None, description="US statement when `unit` is not the US convention (e.g. °F)."
     )
 
     @model_validator(mode="after")
@@ -123,7 +155,17 @@ class NumericInput(_InputBase):
         for p in self.phrases:
             if "{value}" not in p:
                 raise ValueError(f"phrase {p!r} has no '{{value}}' placeholder")
+        for name, r in (("si", self.si), ("us", self.us)):
+            if r is not None:
+                try:
+                    convert(1.0, self.unit, r.unit, self.quantity)
+                except UnitError as exc:
+                    raise ValueError(f"{name} unit of input '{self.id}': {exc}") from None
         return self
+
+    def rendering(self, units: str) -> Rendering | None:
+        """The statement for a unit convention, None when the definition's own unit is used."""
+        return self.si if units == "si" else self.us if units == "us" else None
 
     @property
     def decimals(self) -> int:
@@ -151,8 +193,23 @@ class Atom(_Strict):
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
+    unit: str | None = Field(default=None, description="Unit the bounds are published in.")
+    source: Ident | None = Field(default=None, description="Reference id the bounds were read from.")
+    _in_input_unit: tuple[float | None, ...] | None = PrivateAttr(default=None)
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @cached_property
+    def bounds_in_input_unit(self) -> tuple[float | None, float | None, float | None, float | None]:
+        """(ge, gt, le, lt) in the *input's* unit: the published bounds, converted if needed.
+
+        Cached because the plain reference evaluation reads it for every band of every completion.
+        """
+        c = self._in_input_unit
+        return (self.ge, self.gt, self.le, self.lt) if c is None else c  # type: ignore[return-value]
+
+    def bounds(self) -> tuple[float | None, float | None, float | None, float | None]:
+        return self.bounds_in_input_unit
 
     @model_validator(mode="after")
     def _one_kind(self) -> Atom:
@@ -183,13 +240,35 @@ Not.model_rebuild()
 
 
 class Band(_Strict):
-    """One cut-off band of a numeric item: bounds combine with AND; bands must not overlap."""
+    """One cut-off band of a numeric item: bounds combine with AND; bands must not overlap.
+
+    The bounds are stored exactly as the ``source`` reference publishes them, in ``unit`` (the
+    input's unit when omitted); the engine compares in the input's unit via `bounds`.
+    """
 
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
     points: Points
+    unit: str | None = Field(default=None, description="Unit the bounds are published in.")
+    source: Ident | None = Field(default=None, description="Reference id the bounds were read from.")
+    _in_input_unit: tuple[float | None, ...] | None = PrivateAttr(default=None)
+
+    @cached_property
+    def bounds_in_input_unit(self) -> tuple[float | None, float | None, float | None, float | None]:
+        """(ge, gt, le, lt) in the *input's* unit: the published bounds, converted if needed.
+
+        Cached because the plain reference evaluation reads it for every band of every completion.
+        """
+        c = self._in_input_unit
+        return (self.ge, self.gt, self.le, self.lt) if c is None else c  # type: ignore[return-value]
+
+    def bounds(self) -> tuple[float | None, float | None, float | None, float | None]:
+        return self.bounds_in_input_unit
+
+    def has_bounds(self) -> bool:
+        return any(v is not None for v in (self.ge, self.gt, self.le, self.lt))
 
 
 class Case(_Strict):
@@ -273,6 +352,7 @@ class Criterion(_Strict):
     le: Points | None = None
     lt: Points | None = None
     primary: bool = Field(default=False, description="The system's headline decision.")
+    source: Ident | None = Field(default=None, description="Reference id of the threshold.")
 
     @model_validator(mode="after")
     def _bounded(self) -> Criterion:
@@ -306,7 +386,7 @@ class PublishedExample(_Strict):
     """A worked example written from the publication's point table, checked by the tests."""
 
     description: str
-    findings: dict[str, bool | str | float]
+    findings: dict[str, bool | str | float | dict[str, float | str]]
     total: Points | None = Field(default=None, description="Expected total when complete.")
     total_min: Points | None = None
     total_max: Points | None = None
@@ -395,6 +475,7 @@ class ScoringSystem(_Strict):
         crit_ids = [c.id for c in self.criteria]
         if len(crit_ids) != len(set(crit_ids)):
             raise ValueError("duplicate criterion ids")
+        _resolve_sources_and_units(self, inputs)
         for ex in self.examples:
             for k in ex.findings:
                 if k not in inputs:
@@ -460,3 +541,74 @@ def _check_atom_type(
             raise ValueError(
                 f"item '{item_id}': categorical input '{inp.id}' needs eq/in among {inp.values()}"
             )
+
+
+def numeric_bound_holders(
+    system: ScoringSystem,
+) -> list[tuple[str, Band | Atom | Criterion]]:
+    """Every published numeric cut-off of a system with where it sits (for the source audit)."""
+    out: list[tuple[str, Band | Atom | Criterion]] = []
+    for item in system.items:
+        if isinstance(item, NumericItem):
+            out.extend((f"items.{item.id}.bands.{k}", b) for k, b in enumerate(item.bands) if b.has_bounds())
+        elif isinstance(item, RuleItem):
+            for k, case in enumerate(item.cases):
+                for a in iter_atoms(case.when):
+                    if a.eq is None and a.in_ is None:
+                        out.append((f"items.{item.id}.cases.{k}.{a.input}", a))
+    out.extend((f"criteria.{c.id}", c) for c in system.criteria)
+    return out
+
+
+def published_cutoffs(system: ScoringSystem) -> list[tuple[str, str, str, str]]:
+    """(where, bounds, unit, source) of every numeric cut-off, as its source publishes it."""
+    items = {i.id: i for i in system.items}
+    rows: list[tuple[str, str, str, str]] = []
+    for where, h in numeric_bound_holders(system):
+        if isinstance(h, Criterion):
+            unit = "points"
+        elif isinstance(h, Atom):
+            unit = h.unit or system.input(h.input).unit
+        else:
+            item = items[where.split(".")[1]]
+            assert isinstance(item, NumericItem)
+            unit = h.unit or system.input(item.input).unit
+        ops = (("≥", h.ge), (">", h.gt), ("≤", h.le), ("<", h.lt))
+        rows.append(
+            (where, " and ".join(f"{op} {v:g}" for op, v in ops if v is not None), unit, h.source or "-")
+        )
+    return rows
+
+
+def _resolve_sources_and_units(system: ScoringSystem, inputs: dict[str, Any]) -> None:
+    """Check every ``source`` names a reference and convert published bounds to the input unit.
+
+    The conversion is done once here so that the engine and the plain reference evaluation read
+    the same numbers; the stored fields keep the published value and unit untouched.
+    """
+    ref_ids = {r.id for r in system.references if r.id is not None}
+    for where, holder in numeric_bound_holders(system):
+        if holder.source is not None and holder.source not in ref_ids:
+            raise ValueError(f"{where}: source '{holder.source}' is not a reference id {sorted(ref_ids)}")
+    for item in system.items:
+        holders: list[tuple[str, Band | Atom]] = []
+        if isinstance(item, NumericItem):
+            holders = [(item.input, b) for b in item.bands]
+        elif isinstance(item, RuleItem):
+            holders = [(a.input, a) for case in item.cases for a in iter_atoms(case.when)]
+        for input_id, h in holders:
+            if h.unit is None:
+                continue
+            inp = inputs[input_id]
+            if not isinstance(inp, NumericInput):
+                raise ValueError(f"item '{item.id}': unit '{h.unit}' on non-numeric input '{input_id}'")
+            if canonical(h.unit) == canonical(inp.unit):
+                continue
+            h.__dict__.pop("bounds_in_input_unit", None)  # never keep bounds cached before conversion
+            try:
+                h._in_input_unit = tuple(
+                    None if v is None else convert(v, h.unit, inp.unit, inp.quantity)
+                    for v in (h.ge, h.gt, h.le, h.lt)
+                )
+            except UnitError as exc:
+                raise ValueError(f"item '{item.id}': cut-off of input '{input_id}': {exc}") from None

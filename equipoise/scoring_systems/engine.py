@@ -3,13 +3,16 @@
 Why it is exact
 ---------------
 Every finding has finitely many *classes*: binary findings have two, categorical ones one per value,
-and a numeric finding is cut by every band bound and condition bound that mentions it into intervals
-on which every item behaves the same (restricted to the value grid ``min + k*step``). Any completion
-of the missing findings is therefore equivalent, for every item, to a choice of one class per missing
-finding. Items (or capped groups of items) that read disjoint sets of missing findings vary
-independently, so the engine enumerates the class product *within* each cluster of items linked by a
-shared missing finding, and combines clusters by an exact sumset convolution that also counts
-completions and keeps a witness completion for every reachable total.
+and a numeric finding's range ``[min, max]`` is cut by every band bound and condition bound that
+mentions it (the published cut-offs, converted exactly into the finding's unit) into points and open
+intervals on which every item behaves the same (`Partition`). The classes are real-valued: any
+value in range, on the case-generation grid ``min + k*step`` or not, falls in exactly one, so the
+grid never moves a cut-off. Any completion of the missing findings is therefore equivalent, for
+every item, to a choice of one class per missing finding. Items (or capped groups of items) that
+read disjoint sets of missing findings vary independently, so the engine enumerates the class
+product *within* each cluster of items linked by a shared missing finding, and combines clusters by
+an exact sumset convolution that also counts completions and keeps a witness completion for every
+reachable total.
 
 Points are scaled to integers (e.g. Wells PE's 1.5 becomes 3 half-points) so the arithmetic is exact.
 
@@ -52,6 +55,7 @@ from equipoise.schemas.scoring import (
     ScoringSystem,
     iter_atoms,
 )
+from equipoise.schemas.units import UnitError, convert, parse_value
 
 Value = bool | str | float
 
@@ -80,7 +84,7 @@ def condition_holds(cond: Condition, values: Mapping[str, Value]) -> bool:
             return v == cond.eq
         if cond.in_ is not None:
             return v in cond.in_
-        return _bounds_hold(float(v), cond.ge, cond.gt, cond.le, cond.lt)
+        return _bounds_hold(float(v), *cond.bounds())
     if isinstance(cond, AnyOf):
         return any(condition_holds(c, values) for c in cond.any)
     if isinstance(cond, AllOf):
@@ -90,7 +94,7 @@ def condition_holds(cond: Condition, values: Mapping[str, Value]) -> bool:
 
 
 def _band_holds(band: Band, x: float) -> bool:
-    return _bounds_hold(x, band.ge, band.gt, band.le, band.lt)
+    return _bounds_hold(x, *band.bounds())
 
 
 def item_points(item: Any, values: Mapping[str, Value]) -> float:
@@ -162,15 +166,38 @@ def normalize_findings(system: ScoringSystem, findings: Mapping[str, Any]) -> di
             out[key] = raw
         else:
             assert isinstance(inp, NumericInput)
-            if isinstance(raw, bool) or not isinstance(raw, int | float):
-                raise FindingError(f"finding '{key}' must be a number ({inp.unit}), got {raw!r}")
-            x = float(raw)
-            if not math.isfinite(x):
-                raise FindingError(f"finding '{key}' must be finite, got {raw!r}")
-            if not inp.min <= x <= inp.max:
-                raise FindingError(f"finding '{key}' = {raw} {inp.unit} is outside [{inp.min}, {inp.max}]")
-            out[key] = x
+            out[key] = numeric_finding(inp, raw)
     return out
+
+
+def numeric_finding(inp: NumericInput, raw: Any) -> float:
+    """A numeric finding in the input's unit: a number, ``"6.5 mmol/L"`` or ``{value, unit}``.
+
+    Refuses (FindingError naming the finding) an unknown or incompatible unit, a non-finite value
+    and a value outside the input's physiologically possible range ``min..max``.
+    """
+    key = inp.id
+    try:
+        x, unit = parse_value(raw)
+    except UnitError:
+        raise FindingError(
+            f"finding '{key}' must be a number in {inp.unit}, or a number with its unit "
+            f"(e.g. '{_fmt(inp.normal)} {inp.unit}'), got {raw!r}"
+        ) from None
+    if unit is not None:
+        try:
+            x = convert(x, unit, inp.unit, inp.quantity)
+        except UnitError as exc:
+            raise FindingError(f"finding '{key}' ({inp.label}, {inp.unit}): {exc}") from None
+    if not math.isfinite(x):
+        raise FindingError(f"finding '{key}' must be finite, got {raw!r}")
+    if not inp.min <= x <= inp.max:
+        given = f" (given {raw!r})" if not isinstance(raw, int | float) else ""
+        raise FindingError(
+            f"finding '{key}' = {_fmt(x)} {inp.unit}{given} is outside the possible range "
+            f"{_fmt(inp.min)}..{_fmt(inp.max)} {inp.unit}"
+        )
+    return x
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +212,7 @@ def _numeric_cuts(system: ScoringSystem, input_id: str) -> list[float]:
         if isinstance(item, RuleItem):
             bounds.extend(a for c in item.cases for a in iter_atoms(c.when) if a.input == input_id)
         for b in bounds:
-            for v in (b.ge, b.gt, b.le, b.lt):
+            for v in b.bounds():
                 if v is not None:
                     cuts.add(float(v))
     return sorted(cuts)
@@ -209,51 +236,123 @@ def numeric_signature(system: ScoringSystem, input_id: str, x: float) -> tuple[b
             for case in item.cases:
                 for a in iter_atoms(case.when):
                     if a.input == input_id:
-                        sig.append(_bounds_hold(x, a.ge, a.gt, a.le, a.lt))
+                        sig.append(_bounds_hold(x, *a.bounds()))
     return tuple(sig)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """The exact split of a numeric input's range ``[min, max]`` by the published cut-offs.
+
+    ``points`` are the cut-offs inside the range plus both ends, sorted; the pieces are each point
+    and each open interval between neighbours. ``at[j]`` is the class of ``points[j]`` and
+    ``between[j]`` the class of the open interval ``(points[j], points[j+1])``. Every item reads
+    the input only through bounds, so a bound's truth (the signature) is constant on a piece; the
+    class of *any* value in range, on the grid or not, is found by bisection.
+    """
+
+    points: list[float]
+    at: list[int]
+    between: list[int]
+
+    def class_of(self, x: float) -> int:
+        j = bisect.bisect_left(self.points, x)
+        if j < len(self.points) and self.points[j] == x:
+            return self.at[j]
+        return self.between[j - 1]
+
+
+def _grid_run(inp: NumericInput, lo: float, hi: float, lo_open: bool, hi_open: bool) -> tuple[int, int]:
+    """Grid indices (first, last) of the grid values in the piece; first > last when none."""
+    n = grid_size(inp)
+
+    def inside_lo(k: int) -> bool:
+        g = grid_value(inp, k)
+        return g > lo if lo_open else g >= lo
+
+    def inside_hi(k: int) -> bool:
+        g = grid_value(inp, k)
+        return g < hi if hi_open else g <= hi
+
+    k = min(max(math.floor((lo - inp.min) / inp.step), 0), n - 1)
+    while k > 0 and inside_lo(k - 1):
+        k -= 1
+    while k < n and not inside_lo(k):
+        k += 1
+    m = min(max(math.ceil((hi - inp.min) / inp.step), 0), n - 1)
+    while m < n - 1 and inside_hi(m + 1):
+        m += 1
+    while m >= 0 and not inside_hi(m):
+        m -= 1
+    return k, m
+
+
+def numeric_partition(
+    system: ScoringSystem, inp: NumericInput
+) -> tuple[Partition, list[float], list[list[tuple[float, float]]]]:
+    """Exact classes of a numeric input: the partition, one representative per class, and per
+    class its runs of grid values ``[(low, high)]`` (what case generation samples from).
+
+    Pieces with equal signatures form one class (e.g. both sides of a two-sided band). The
+    representative is the middle grid value of the class's first grid run; a class without any
+    grid value (refused by `check_definition` for bundled systems) is represented by an exact
+    value of its first piece.
+    """
+    cuts = sorted({c for c in _numeric_cuts(system, inp.id) if inp.min < c < inp.max})
+    points = [float(inp.min), *cuts, float(inp.max)]
+    sig_class: dict[tuple[bool, ...], int] = {}
+    exact_rep: list[float] = []
+    pieces: list[tuple[int, float, float, bool, bool]] = []  # (class, lo, hi, lo_open, hi_open)
+
+    def classify(x: float) -> int:
+        sig = numeric_signature(system, inp.id, x)
+        c = sig_class.get(sig)
+        if c is None:
+            c = sig_class[sig] = len(sig_class)
+            exact_rep.append(x)
+        return c
+
+    at: list[int] = []
+    between: list[int] = []
+    for j, p in enumerate(points):
+        c = classify(p)
+        at.append(c)
+        pieces.append((c, p, p, False, False))
+        if j + 1 < len(points):
+            q = points[j + 1]
+            mid = p + (q - p) / 2
+            c = classify(mid)
+            between.append(c)
+            pieces.append((c, p, q, True, True))
+    runs: list[list[tuple[int, int]]] = [[] for _ in sig_class]
+    last: tuple[int, int] | None = None  # (class, last grid index) of the previous run
+    for c, lo, hi, lo_open, hi_open in pieces:
+        k, m = _grid_run(inp, lo, hi, lo_open, hi_open)
+        if k > m:
+            continue
+        if last is not None and last[0] == c and runs[c] and runs[c][-1][1] == k - 1:
+            runs[c][-1] = (runs[c][-1][0], m)
+        else:
+            runs[c].append((k, m))
+        last = (c, m)
+    reps: list[float] = []
+    segments: list[list[tuple[float, float]]] = []
+    for c, rs in enumerate(runs):
+        if rs:
+            a, b = rs[0]
+            reps.append(grid_value(inp, (a + b) // 2))
+        else:
+            reps.append(exact_rep[c])
+        segments.append([(grid_value(inp, a), grid_value(inp, b)) for a, b in rs])
+    return Partition(points, at, between), reps, segments
 
 
 def numeric_classes(
     system: ScoringSystem, inp: NumericInput
 ) -> list[tuple[float, list[tuple[float, float]]]]:
-    """Classes of a numeric input on its grid: (representative, [(low, high) grid segments]).
-
-    A signature can only change between grid neighbours k, k+1 that straddle (or touch) a cut;
-    probing floor/ceil of every cut and their neighbours therefore sees every change, and the
-    signature is constant between consecutive probes.  Segments with equal signatures (e.g. both
-    sides of a two-sided band) form one class.
-    """
-    n = grid_size(inp)
-    probes: set[int] = {0, n - 1}
-    for c in _numeric_cuts(system, inp.id):
-        kc = (c - inp.min) / inp.step
-        lo, hi = math.floor(kc + 1e-9), math.ceil(kc - 1e-9)
-        for k in (lo - 1, lo, hi, hi + 1):
-            if 0 <= k < n:
-                probes.add(k)
-    ks = sorted(probes)
-    segments: list[tuple[tuple[bool, ...], int, int]] = []
-    for k in ks:
-        sig = numeric_signature(system, inp.id, grid_value(inp, k))
-        if segments and segments[-1][0] == sig:
-            segments[-1] = (sig, segments[-1][1], k)
-        else:
-            if segments:  # the previous segment runs up to the grid point before k
-                prev = segments[-1]
-                segments[-1] = (prev[0], prev[1], k - 1)
-            segments.append((sig, k, k))
-    last = segments[-1]
-    segments[-1] = (last[0], last[1], n - 1)
-    by_sig: dict[tuple[bool, ...], list[tuple[int, int]]] = {}
-    for sig, a, b in segments:
-        by_sig.setdefault(sig, []).append((a, b))
-    out: list[tuple[float, list[tuple[float, float]]]] = []
-    for segs in by_sig.values():
-        a, b = segs[0]
-        out.append(
-            (grid_value(inp, (a + b) // 2), [(grid_value(inp, x), grid_value(inp, y)) for x, y in segs])
-        )
-    return out
+    """Classes of a numeric input: (representative, [(low, high) grid runs]) per class."""
+    _, reps, segs = numeric_partition(system, inp)
+    return list(zip(reps, segs, strict=True))
 
 
 def _scale_of(system: ScoringSystem) -> int:
@@ -295,25 +394,17 @@ class CompiledSystem:
     scale: int
     input_ids: list[str]
     classes: dict[str, list[Value]]  # representative value per class
-    class_ranges: dict[str, list[list[tuple[float, float]]]]  # numeric: grid segments per class
+    class_ranges: dict[str, list[list[tuple[float, float]]]]  # numeric: grid runs per class
     units: list[Unit]
     units_by_input: dict[str, list[int]] = field(default_factory=dict)
-    # numeric input -> (segment starts, segment ends, class index), sorted by start, for bisect
-    segment_index: dict[str, tuple[list[float], list[float], list[int]]] = field(default_factory=dict)
+    # numeric input -> its exact split by the published cut-offs (class of any value in range)
+    partitions: dict[str, Partition] = field(default_factory=dict)
     # criterion id -> (lowest, highest) scaled total that meets it (None = unbounded)
     criterion_bounds: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     # positional tables and bounded memo caches behind `evaluate` / `reachable_scaled` (private)
     _fast: _FastPath = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for inp_id, per_class in self.class_ranges.items():
-            segs = sorted((lo, hi, c) for c, segments in enumerate(per_class) for lo, hi in segments)
-            if segs:
-                self.segment_index[inp_id] = (
-                    [a for a, _, _ in segs],
-                    [b for _, b, _ in segs],
-                    [c for _, _, c in segs],
-                )
         for crit in self.system.criteria:
             los = [
                 x
@@ -329,19 +420,9 @@ class CompiledSystem:
         self._fast = _FastPath(self)
 
     def class_of(self, input_id: str, value: Value) -> int:
-        inp = self.system.input(input_id)
-        if isinstance(inp, NumericInput):
-            starts, ends, idx = self.segment_index[input_id]
-            x = float(value)
-            j = bisect.bisect_right(starts, x) - 1
-            if j >= 0 and x <= ends[j]:
-                return idx[j]
-            # off-grid value (e.g. 38.25 on a 0.1 grid) between two segments: decide by signature
-            sig = numeric_signature(self.system, input_id, x)
-            for idx, rep in enumerate(self.classes[input_id]):
-                if numeric_signature(self.system, input_id, float(rep)) == sig:
-                    return idx
-            raise FindingError(f"finding '{input_id}' = {value} falls in no class (definition gap)")
+        part = self.partitions.get(input_id)
+        if part is not None:
+            return part.class_of(float(value))
         return self.classes[input_id].index(value)
 
     def to_scaled(self, points: float) -> int:
@@ -357,13 +438,15 @@ def _opt_scaled(v: float | None, scale: int, shift: int) -> int | None:
     return None if v is None else round(v * scale) + shift
 
 
-def _input_classes(system: ScoringSystem, inp: Any) -> tuple[list[Value], list[list[tuple[float, float]]]]:
+def _input_classes(
+    system: ScoringSystem, inp: Any
+) -> tuple[list[Value], list[list[tuple[float, float]]], Partition | None]:
     if isinstance(inp, BinaryInput):
-        return [False, True], []
+        return [False, True], [], None
     if isinstance(inp, CategoricalInput):
-        return list(inp.values()), []
-    cls = numeric_classes(system, inp)
-    return [c[0] for c in cls], [c[1] for c in cls]
+        return list(inp.values()), [], None
+    part, reps, segs = numeric_partition(system, inp)
+    return list(reps), segs, part
 
 
 def _item_inputs(item: Any) -> list[str]:
@@ -400,8 +483,11 @@ def _compile(system: ScoringSystem) -> CompiledSystem:
     scale = _scale_of(system)
     classes: dict[str, list[Value]] = {}
     ranges: dict[str, list[list[tuple[float, float]]]] = {}
+    partitions: dict[str, Partition] = {}
     for inp in system.inputs:
-        classes[inp.id], ranges[inp.id] = _input_classes(system, inp)
+        classes[inp.id], ranges[inp.id], part = _input_classes(system, inp)
+        if part is not None:
+            partitions[inp.id] = part
     items = {it.id: it for it in system.items}
     unit_specs: list[tuple[str, list[Any], Any]] = []
     grouped: set[str] = set()
@@ -433,7 +519,9 @@ def _compile(system: ScoringSystem) -> CompiledSystem:
     for ui, u in enumerate(units):
         for i in u.inputs:
             by_input[i].append(ui)
-    return CompiledSystem(system, scale, [i.id for i in system.inputs], classes, ranges, units, by_input)
+    return CompiledSystem(
+        system, scale, [i.id for i in system.inputs], classes, ranges, units, by_input, partitions
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -514,7 +602,6 @@ _CONTRIB_CACHE_CAP = 16384  # (cluster, known classes it reads) -> its sub-total
 _DIST_CACHE_CAP = 4096  # (missing set, known classes the clusters read) -> summed distribution
 
 _BINARY, _CATEGORICAL, _NUMERIC = 0, 1, 2
-_REAL = (int, float)  # what `int | float` accepts, without building a union object per call
 
 # a cluster's sub-totals as (sub-total, completions, witness class tuple), in first-reached order
 _Contrib = list[tuple[int, int, tuple[int, ...]]]
@@ -691,8 +778,12 @@ class _FastPath:
                 self.inputs[inp.id] = (p, _CATEGORICAL, (lookup, inp))
             else:
                 assert isinstance(inp, NumericInput)
-                seg = cs.segment_index.get(inp.id)
-                self.inputs[inp.id] = (p, _NUMERIC, (inp, inp.min, inp.max, seg))
+                part = cs.partitions[inp.id]
+                self.inputs[inp.id] = (
+                    p,
+                    _NUMERIC,
+                    (inp, inp.min, inp.max, part.points, part.at, part.between),
+                )
         # per unit: (input positions, mixed-radix strides, flat points table), and its input bits
         self.units: list[tuple[tuple[int, ...], tuple[int, ...], list[int]]] = []
         self.unit_bits: list[int] = []
@@ -966,7 +1057,6 @@ def evaluate(system: ScoringSystem, findings: Mapping[str, Any]) -> Evaluation:
     known: dict[str, Value] = {}
     kc = list(fast.blank)
     mask = fast.all_missing
-    gaps: list[tuple[str, int, float]] = []  # off-grid numeric values, classed after validation
     for key, raw in findings.items():
         spec = specs.get(key)
         if spec is None:
@@ -987,26 +1077,17 @@ def evaluate(system: ScoringSystem, findings: Mapping[str, Any]) -> Evaluation:
             kc[p] = c
             known[key] = raw
         else:
-            inp, lo, hi, seg = data
-            if isinstance(raw, bool) or not isinstance(raw, _REAL):
-                raise FindingError(f"finding '{key}' must be a number ({inp.unit}), got {raw!r}")
-            x = float(raw)
-            if not math.isfinite(x):
-                raise FindingError(f"finding '{key}' must be finite, got {raw!r}")
-            if not lo <= x <= hi:
-                raise FindingError(f"finding '{key}' = {raw} {inp.unit} is outside [{inp.min}, {inp.max}]")
-            j = -1
-            if seg is not None:
-                starts, ends, idx = seg
-                j = bisect.bisect_right(starts, x) - 1
-            if j >= 0 and x <= ends[j]:
-                kc[p] = idx[j]
+            inp, lo, hi, points, at, between = data
+            if raw.__class__ is float or raw.__class__ is int:  # the common case: a plain number
+                x = float(raw)
+                if not lo <= x <= hi:  # also refuses NaN
+                    x = numeric_finding(inp, raw)
             else:
-                gaps.append((key, p, x))
+                x = numeric_finding(inp, raw)
+            j = bisect.bisect_left(points, x)
+            kc[p] = at[j] if points[j] == x else between[j - 1]
             known[key] = x
         mask &= ~(1 << p)
-    for key, p, x in gaps:
-        kc[p] = cs.class_of(key, x)
     return _evaluate_plan(cs, fast.plan(mask), kc, known, None)
 
 
@@ -1093,7 +1174,9 @@ def label_for(system: ScoringSystem, criterion_id: str, findings: Mapping[str, A
 # Definition checks beyond the schema
 # ---------------------------------------------------------------------------------------------
 def check_definition(system: ScoringSystem) -> None:
-    """Semantic checks: non-overlapping bands, on-grid cuts, every criterion can go both ways."""
+    """Semantic checks: non-overlapping bands, a grid value in every class (so case generation
+    can produce every class; the cut-offs themselves need not lie on the grid), and every
+    criterion can go both ways."""
     cs = compile_system(system)
     for item in system.items:
         if isinstance(item, NumericItem):
@@ -1105,14 +1188,14 @@ def check_definition(system: ScoringSystem) -> None:
                     raise ValueError(f"field 'items.{item.id}.bands': bands overlap at {inp.label} = {rep}")
     for inp in system.inputs:
         if isinstance(inp, NumericInput):
-            for c in _numeric_cuts(system, inp.id):
-                k = (c - inp.min) / inp.step
-                if abs(k - round(k)) > 1e-6 and inp.min <= c <= inp.max:
-                    raise ValueError(
-                        f"field 'inputs.{inp.id}': cut-off {c} is not on the grid {inp.min} + k*{inp.step}"
-                    )
             if grid_size(inp) > 200_000:
                 raise ValueError(f"field 'inputs.{inp.id}': grid too fine ({grid_size(inp)} values)")
+            for rep, segs in zip(cs.classes[inp.id], cs.class_ranges[inp.id], strict=True):
+                if not segs:
+                    raise ValueError(
+                        f"field 'inputs.{inp.id}': no value of the grid {inp.min} + k*{inp.step} "
+                        f"falls in the class of {rep} {inp.unit}; use a finer step"
+                    )
     ev = _evaluate_classes(cs, {}, {}, list(cs.input_ids))
     for crit in system.criteria:
         r = ev.criteria[crit.id]

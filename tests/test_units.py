@@ -1,0 +1,349 @@
+"""Issue 14: published cut-offs kept exactly (with their source), findings with units, SI inputs.
+
+Conversions are checked against hand arithmetic with the molar masses written out here, not
+against pint, so a wrong registry factor or context would fail.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+from typer.testing import CliRunner
+
+from equipoise.cli import app
+from equipoise.schemas.scoring import Atom, Band, NumericInput, numeric_bound_holders
+from equipoise.schemas.units import UnitError, convert, parse_value
+from equipoise.scoring_systems.engine import FindingError, compile_system, evaluate, item_points
+from tests import bruteforce
+from tests.conftest import SYSTEM_IDS, SYSTEMS, random_value
+
+runner = CliRunner()
+
+GBS_CASE = {
+    "sex": "male",
+    "bun": 18.2,
+    "hemoglobin": 14,
+    "sbp": 120,
+    "heart_rate": 80,
+    "melena": False,
+    "syncope": False,
+    "liver_disease": False,
+    "heart_failure": False,
+}
+HAS_BLED_CASE = {
+    "age": 60,
+    "sbp": 130,
+    "creatinine": 2.27,
+    "renal_replacement": False,
+    "chronic_liver_disease": False,
+    "bilirubin": 0.8,
+    "ast": 30,
+    "prior_stroke": False,
+    "bleeding_predisposition": False,
+    "labile_inr": False,
+    "antiplatelet_nsaid": False,
+    "alcohol_excess": False,
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Conversions, by hand
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "src", "dst", "quantity", "expect"),
+    [
+        (6.5, "mmol/L", "mg/dL", "urea", 6.5 * 28.0 / 10),  # urea nitrogen, 2 N per urea
+        (18.2, "mg/dL", "mmol/L", "urea", 18.2 * 10 / 28.0),
+        (200, "µmol/L", "mg/dL", "creatinine", 200 * 113.12 / 10_000),
+        (200, "umol/L", "mg/dL", "creatinine", 200 * 113.12 / 10_000),
+        (10, "mmol/L", "mg/dL", "glucose", 10 * 180.16 / 10),
+        (34.2, "µmol/L", "mg/dL", "bilirubin", 34.2 * 584.66 / 10_000),
+        (2.0, "mmol/L", "mg/dL", "calcium", 2.0 * 40.078 / 10),
+        (140, "g/L", "g/dL", "hemoglobin", 14.0),
+        (32, "g/L", "g/dL", "albumin", 3.2),
+        (100.4, "°F", "°C", "temperature", (100.4 - 32) * 5 / 9),
+        (8, "kPa", "mmHg", "pressure", 8000 / 133.322387415),
+    ],
+)
+def test_conversion_matches_hand_arithmetic(value, src, dst, quantity, expect):
+    assert math.isclose(convert(value, src, dst, quantity), expect, rel_tol=1e-10)
+
+
+def test_conversion_lands_exactly_on_published_cutoffs():
+    """Binary noise is removed, so a published value converts onto the exact decimal."""
+    assert convert(6.5, "mmol/L", "mg/dL", "urea") == 18.2
+    assert convert(25, "mmol/L", "mg/dL", "urea") == 70.0
+    assert convert(200, "µmol/L", "mg/dL", "creatinine") == 2.2624
+    assert convert(140, "g/L", "g/dL", "hemoglobin") == 14.0
+    assert convert(5.0, "mg/dL", "mg/dL", None) == 5.0  # same unit: untouched, no pint
+
+
+@pytest.mark.parametrize(
+    ("raw", "err"),
+    [
+        (("6.5", "furlongs", "mg/dL", "urea"), "cannot be converted"),
+        (("6.5", "zorkmids/L", "mg/dL", "urea"), "unknown unit"),
+        (("120", "kPa", "/min", None), "takes only /min"),
+        (("1", "mmol/L", "g/dL", "hemoglobin"), "cannot be converted"),  # no molar mass for Hb
+    ],
+)
+def test_bad_units_are_refused(raw, err):
+    value, src, dst, quantity = raw
+    with pytest.raises(UnitError, match=err):
+        convert(float(value), src, dst, quantity)
+
+
+def test_parse_value_forms():
+    assert parse_value(6.5) == (6.5, None)
+    assert parse_value("6.5 mmol/L") == (6.5, "mmol/L")
+    assert parse_value(" 205umol/L ") == (205.0, "umol/L")
+    assert parse_value("18.2") == (18.2, None)
+    assert parse_value({"value": 6.5, "unit": "mmol/L"}) == (6.5, "mmol/L")
+    for bad in (True, "high", {"value": "6.5"}, {"value": 1, "units": "x"}, [6.5]):
+        with pytest.raises(UnitError):
+            parse_value(bad)
+
+
+# --------------------------------------------------------------------------------------------
+# Published cut-offs: exact, in their unit, sourced
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("system_id", SYSTEM_IDS)
+def test_every_numeric_cutoff_names_its_source(system_id):
+    """The audit: each band, numeric rule bound and criterion threshold names a reference."""
+    s = SYSTEMS[system_id]
+    ref_ids = {r.id for r in s.references}
+    holders = numeric_bound_holders(s)
+    assert holders
+    missing = [where for where, h in holders if h.source is None]
+    assert not missing, f"{system_id}: cut-offs without a source: {missing}"
+    assert all(h.source in ref_ids for _, h in holders)
+
+
+def test_all_27_systems_audited():
+    assert len(SYSTEMS) == 27
+
+
+def test_glasgow_blatchford_urea_bands_are_blatchford_2000_in_mmol_per_litre():
+    item = next(i for i in SYSTEMS["glasgow_blatchford"].items if i.id == "urea")
+    published = [(b.ge, b.lt, b.unit, b.source) for b in item.bands]
+    assert published == [
+        (None, 6.5, "mmol/L", "blatchford2000"),
+        (6.5, 8.0, "mmol/L", "blatchford2000"),
+        (8.0, 10.0, "mmol/L", "blatchford2000"),
+        (10.0, 25.0, "mmol/L", "blatchford2000"),
+        (25.0, None, "mmol/L", "blatchford2000"),
+    ]
+    # compared in the finding's unit (BUN mg/dL): the US table 18.2 / 22.4 / 28 / 70 exactly
+    assert sorted({v for b in item.bands for v in b.bounds() if v is not None}) == [18.2, 22.4, 28.0, 70.0]
+
+
+def test_has_bled_creatinine_is_200_umol_per_litre():
+    rule = next(i for i in SYSTEMS["has_bled"].items if i.id == "a_renal")
+    atom = next(a for a in rule.cases[0].when.any if isinstance(a, Atom) and a.input == "creatinine")
+    assert (atom.ge, atom.unit, atom.source) == (200.0, "µmol/L", "pisters2010")
+    assert atom.bounds()[0] == 2.2624
+
+
+# --------------------------------------------------------------------------------------------
+# The issue's cases, in US and SI units, and exact answers off the grid
+# --------------------------------------------------------------------------------------------
+def _score(system_id: str, findings: dict) -> tuple[float | None, dict[str, str]]:
+    ev = evaluate(SYSTEMS[system_id], findings)
+    return ev.total, {k: r.label for k, r in ev.criteria.items()}
+
+
+def test_issue_glasgow_blatchford_case_scores_2_in_us_and_si_units():
+    expect = (2.0, {"low_risk": "Not met", "very_low_risk_acg": "Not met"})
+    assert _score("glasgow_blatchford", GBS_CASE) == expect
+    for bun in ("6.5 mmol/L", {"value": 6.5, "unit": "mmol/L"}, "18.2 mg/dL"):
+        si = {**GBS_CASE, "bun": bun, "hemoglobin": "140 g/L"}
+        assert _score("glasgow_blatchford", si) == expect
+    # one step below the published band, in either unit: 0
+    assert _score("glasgow_blatchford", {**GBS_CASE, "bun": "6.49 mmol/L"})[0] == 0
+    assert _score("glasgow_blatchford", {**GBS_CASE, "bun": 18.19})[0] == 0
+
+
+def test_issue_has_bled_case_scores_1_in_us_and_si_units():
+    assert _score("has_bled", HAS_BLED_CASE) == (1.0, {"high_risk": "Not met"})
+    for cr in ("205 umol/L", "200 µmol/L", {"value": 205, "unit": "µmol/L"}, "2.2624 mg/dL"):
+        assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": cr})[0] == 1
+    for cr in (2.26, "199 umol/L", 2.2623):
+        assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": cr})[0] == 0
+
+
+@pytest.mark.parametrize("system_id", SYSTEM_IDS)
+def test_any_value_in_range_scores_like_its_class(system_id):
+    """Off-grid values (random floats, the bounds and their float neighbours) fall in the class
+    whose representative scores the same for every item, in random contexts."""
+    system = SYSTEMS[system_id]
+    cs = compile_system(system)
+    rng = random.Random(f"offgrid-{system_id}")
+    for inp in system.inputs:
+        if not isinstance(inp, NumericInput):
+            continue
+        xs = bruteforce.cut_candidates(system, inp) + [rng.uniform(inp.min, inp.max) for _ in range(200)]
+        contexts = [{i.id: random_value(i, rng) for i in system.inputs} for _ in range(3)]
+        for x in xs:
+            rep = cs.classes[inp.id][cs.class_of(inp.id, x)]
+            for ctx in contexts:
+                for item in system.items:
+                    assert item_points(item, {**ctx, inp.id: x}) == item_points(item, {**ctx, inp.id: rep}), (
+                        f"{system_id}.{item.id}: {inp.id}={x!r} scores unlike representative {rep}"
+                    )
+
+
+@pytest.mark.parametrize(
+    ("system_id", "findings", "needle"),
+    [
+        (
+            "glasgow_blatchford",
+            {"bun": "6.5 zorkmids"},
+            "finding 'bun' (Blood urea nitrogen, mg/dL): unknown unit",
+        ),
+        (
+            "glasgow_blatchford",
+            {"bun": "6.5 mmHg"},
+            "finding 'bun' (Blood urea nitrogen, mg/dL): unit 'mmHg'",
+        ),
+        ("glasgow_blatchford", {"hemoglobin": "900 g/L"}, "finding 'hemoglobin' = 90 g/dL"),
+        ("glasgow_blatchford", {"heart_rate": {"value": 80, "unit": "mmHg"}}, "finding 'heart_rate'"),
+        ("has_bled", {"creatinine": -1}, "outside the possible range"),
+        ("has_bled", {"creatinine": "lots"}, "finding 'creatinine' must be a number in mg/dL"),
+    ],
+)
+def test_unknown_units_and_impossible_values_are_refused(system_id, findings, needle):
+    with pytest.raises(FindingError) as exc:
+        evaluate(SYSTEMS[system_id], findings)
+    assert needle in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_cli_issue_examples_and_one_line_errors():
+    res = runner.invoke(app, ["systems", "score", "glasgow_blatchford", "--findings", json.dumps(GBS_CASE)])
+    assert res.exit_code == 0, res.output
+    assert "total 2" in res.output and "Low risk (total ≤ 0): Not met" in res.output
+    si = {**GBS_CASE, "bun": "6.5 mmol/L", "hemoglobin": {"value": 140, "unit": "g/L"}}
+    res = runner.invoke(app, ["systems", "score", "glasgow_blatchford", "--findings", json.dumps(si)])
+    assert res.exit_code == 0 and "total 2" in res.output
+    case = {**HAS_BLED_CASE, "creatinine": "205 umol/L"}
+    res = runner.invoke(app, ["systems", "score", "has_bled", "--findings", json.dumps(case)])
+    assert res.exit_code == 0 and "total 1" in res.output
+    for bad in ({"bun": "6.5 zorkmids"}, {"bun": 5000}, {"bun": "9 kPa"}):
+        res = runner.invoke(app, ["systems", "score", "glasgow_blatchford", "--findings", json.dumps(bad)])
+        assert res.exit_code == 2
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: finding 'bun'"), res.output
+        assert "Traceback" not in res.output
+
+
+def test_si_rendering_units_convert_from_the_finding_unit():
+    """Every `si` block names a unit the finding converts to (checked at load, shown here)."""
+    n = 0
+    for s in SYSTEMS.values():
+        for inp in s.inputs:
+            if isinstance(inp, NumericInput) and inp.si is not None:
+                assert convert(inp.normal, inp.unit, inp.si.unit, inp.quantity) > 0
+                n += 1
+    assert n >= 20
+
+
+def test_band_unit_must_convert(tmp_path):
+    import yaml
+
+    from equipoise.scoring_systems.loader import DEFINITIONS_DIR, DefinitionError, load_definition
+
+    data = yaml.safe_load((DEFINITIONS_DIR / "glasgow_blatchford.yaml").read_text())
+    data["items"][0]["bands"][0]["unit"] = "mmHg"
+    p = tmp_path / "glasgow_blatchford.yaml"
+    p.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    with pytest.raises(DefinitionError, match="cannot be converted"):
+        load_definition(p)
+    data["items"][0]["bands"][0]["unit"] = "mmol/L"
+    data["items"][0]["bands"][0]["source"] = "nobody1999"
+    p.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    with pytest.raises(DefinitionError, match="source 'nobody1999' is not a reference id"):
+        load_definition(p)
+    assert Band(lt=1, points=0).bounds() == (None, None, None, 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Vignettes in SI or US units: same findings and labels, SI values in the same class
+# --------------------------------------------------------------------------------------------
+SI_SYSTEMS = ["glasgow_blatchford", "has_bled", "glasgow_imrie", "curb_65", "sirs", "alvarado"]
+
+
+def test_si_and_us_builds_share_findings_and_labels_and_card_says_which(tmp_path):
+    from equipoise.builders.clindet_suite import build_clindet, read_cases
+    from equipoise.builders.vignette import stated_text
+
+    folders = {}
+    for units in ("us", "si"):
+        folders[units] = tmp_path / units
+        manifest = build_clindet(
+            folders[units], per_system=3, seed=5, systems=SI_SYSTEMS, progress=False, units=units
+        )
+        assert manifest["units"] == units
+        assert json.loads((folders[units] / "manifest.json").read_text())["units"] == units
+        card = (folders[units] / "README.md").read_text(encoding="utf-8")
+        assert f"units: `{units}`" in card
+    built = {u: read_cases(folders[u]) for u in ("us", "si")}
+    assert len(built["us"]) == len(built["si"]) > 0
+    key = lambda c: (c.case_id, c.findings_json, c.label, c.s_min, c.s_max, c.completions_met)  # noqa: E731
+    assert [key(c) for c in built["us"]] == [key(c) for c in built["si"]]
+    n_stated = {"us": 0, "si": 0}
+    for units, cases in built.items():
+        for case in cases:
+            system = SYSTEMS[case.system_id]
+            known = json.loads(case.findings_json)
+            stated = dict(known)
+            for fid, value in known.items():
+                inp = system.input(fid)
+                if isinstance(inp, NumericInput) and (got := stated_text(inp, value, units)) is not None:
+                    text = f"{got[0]} {got[1]}"
+                    assert text in case.vignette, (units, case.case_id, fid)
+                    stated[fid] = text  # what the vignette says, with its unit
+                    n_stated[units] += 1
+            # the label of what the vignette states, evaluated independently, is the case's label
+            assert evaluate(system, stated).label(case.criterion_id) == case.label, (units, case.case_id)
+    n_si_values = n_stated["si"]
+    assert n_stated["us"] > 5  # temperatures stated in °F
+    assert n_si_values > 20
+    # an SI rebuild with the same seed is byte-identical (every file hash in the manifest)
+    again = tmp_path / "si-again"
+    build_clindet(again, per_system=3, seed=5, systems=SI_SYSTEMS, progress=False, units="si")
+    assert (again / "manifest.json").read_bytes() == (folders["si"] / "manifest.json").read_bytes()
+    assert (again / "README.md").read_bytes() == (folders["si"] / "README.md").read_bytes()
+
+
+def test_build_units_option_is_checked(tmp_path):
+    res = runner.invoke(app, ["build", "clindet", "--out", str(tmp_path / "x"), "--units", "metric"])
+    assert res.exit_code == 2 and "--units must be 'us' or 'si'" in res.output
+
+
+@pytest.mark.parametrize("system_id", SYSTEM_IDS)
+def test_evaluate_at_every_bound_and_its_neighbours_equals_the_point_table(system_id):
+    """Deterministic sweep of the values where exactness matters: each bound and the floats just
+    either side, one numeric finding at a time in random complete contexts, through `evaluate`'s
+    own validation and classing path, against `score_values` on the raw values."""
+    from equipoise.scoring_systems.engine import score_values
+
+    system = SYSTEMS[system_id]
+    rng = random.Random(f"bounds-{system_id}")
+    contexts = [{i.id: random_value(i, rng) for i in system.inputs} for _ in range(3)]
+    for inp in system.inputs:
+        if not isinstance(inp, NumericInput):
+            continue
+        for x in bruteforce.cut_candidates(system, inp):
+            for ctx in contexts:
+                values = {**ctx, inp.id: x}
+                assert evaluate(system, values).total == score_values(system, values), (system_id, inp.id, x)
+
+
+def test_systems_show_lists_published_cutoffs_with_unit_and_source():
+    res = runner.invoke(app, ["systems", "show", "has_bled"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    row = next(ln for ln in res.output.splitlines() if "a_renal" in ln)
+    assert "≥ 200" in row and "µmol/L" in row and "pisters2010" in row
