@@ -528,8 +528,9 @@ def run_cmd(
     """Run a model on a dataset config into the store. Rerunning the same command resumes: only
     missing (item, sample) rows are requested. API keys come from the environment only."""
     from equipoise.evaluators.backends.base import Decoding
+    from equipoise.evaluators.executor import execute_run
     from equipoise.evaluators.ingest import DatasetVersionError, register
-    from equipoise.evaluators.runner import ParseFallback, run, run_self_eval
+    from equipoise.evaluators.planner import PlanError, RunSpec
 
     if prompt not in ("base", "cot", "safe", "confidence", "fewshot"):
         _fail(f"--prompt must be base, cot, safe, confidence or fewshot, got {prompt!r}")
@@ -544,72 +545,38 @@ def run_cmd(
         _fail("--other-judge only applies with --self-eval-of")
     if parse_fallback_model is not None and backend == "reference":
         _fail("--parse-fallback-model needs --backend openai or vllm")
+    if backend not in ("reference", "openai", "vllm"):
+        _fail(f"--backend must be reference, openai or vllm, got {backend!r}")
     folder = _dataset_folder(dataset)
+    spec = RunSpec(
+        dataset=dataset,
+        folder=str(folder),
+        config=config,
+        backend=backend,  # type: ignore[arg-type]
+        model=model,
+        style=prompt,
+        decoding=Decoding(
+            temperature=temperature, n=samples, max_tokens=max_tokens, seed=seed, thinking=thinking
+        ),
+        shots=shots,
+        pool=pool,
+        base_url=base_url,
+        concurrency=concurrency,
+        seed=seed,
+        limit=limit,
+        commit_every=commit_every,
+        parse_fallback_model=parse_fallback_model,
+    )
     con = _connect(store)
     try:
         try:
             loaded = register(con, folder, config, location=dataset)
-        except DatasetVersionError as exc:
+            outcome = execute_run(con, spec, loaded, self_eval_of=self_eval_of, other_judge=other_judge)
+        except (ValueError, DatasetVersionError, PlanError) as exc:
             _fail(str(exc))
-        be = _run_backend(backend, model, loaded, seed, base_url, concurrency)
-        fallback = None
-        if parse_fallback_model is not None:
-            fallback = ParseFallback(
-                _run_backend(backend, parse_fallback_model, loaded, seed, base_url, concurrency)
-            )
-        decoding = Decoding(
-            temperature=temperature, n=samples, max_tokens=max_tokens, seed=seed, thinking=thinking
-        )
-        try:
-            if self_eval_of is not None:
-                summary = run_self_eval(
-                    con,
-                    folder,
-                    self_eval_of,
-                    be,
-                    decoding=decoding,
-                    limit=limit,
-                    batch=commit_every,
-                    loaded=loaded,
-                    parse_fallback=fallback,
-                    allow_other_model=other_judge,
-                )
-            else:
-                summary = run(
-                    con,
-                    folder,
-                    config,
-                    be,
-                    style=prompt,
-                    decoding=decoding,
-                    limit=limit,
-                    loaded=loaded,
-                    batch=commit_every,
-                    pool_config=pool,
-                    shots=shots,
-                    parse_fallback=fallback,
-                )
-        except (ValueError, DatasetVersionError) as exc:
-            _fail(str(exc))
-        if self_eval_of is not None:
-            verdicts = dict(
-                con.execute(
-                    "SELECT coalesce(parsed_label, 'no verdict'), count(*) FROM predictions "
-                    "WHERE run_id = ? GROUP BY ALL ORDER BY ALL",
-                    [summary.run_id],
-                ).fetchall()
-            )
-        else:
-            acc = con.execute(
-                """SELECT avg(coalesce(p.parsed_label = i.target_label, false)::INT)
-                   FROM predictions p JOIN runs r USING (run_id)
-                   JOIN items i ON i.dataset_id = r.dataset_id AND i.config = r.config
-                    AND i.item_id = p.item_id
-                   WHERE p.run_id = ?""",
-                [summary.run_id],
-            ).fetchall()[0][0]
     finally:
         con.close()
+    summary = outcome.summary
     console.print(
         f"run {summary.run_id}: requested {summary.requested} item(s), wrote {summary.written} row(s), "
         f"{summary.skipped_existing} already stored"
@@ -617,7 +584,7 @@ def run_cmd(
     if self_eval_of is not None:
         console.print(
             f"self-evaluation of {self_eval_of}: "
-            + ", ".join(f"{k} {v}" for k, v in verdicts.items())
+            + ", ".join(f"{k} {v}" for k, v in outcome.verdicts.items())
             + (
                 f"; {summary.skipped_no_answer} answer(s) were errors, not judged"
                 if summary.skipped_no_answer
@@ -628,31 +595,8 @@ def run_cmd(
     console.print(
         "outcomes: "
         + ", ".join(f"{k} {v}" for k, v in summary.outcomes.items())
-        + (f"; accuracy {acc:.3f}" if acc is not None else "")
+        + (f"; accuracy {outcome.accuracy:.3f}" if outcome.accuracy is not None else "")
     )
-
-
-def _run_backend(
-    backend: str, model: str, loaded: Any, seed: int, base_url: str | None, concurrency: int
-) -> Any:
-    """The backend object `equipoise run` asked for (exits with one line on a bad name)."""
-    if backend == "reference":
-        from equipoise.evaluators.policies import ReferenceBackend
-
-        try:
-            return ReferenceBackend(model, {loaded.item_id(r): r for r in loaded.records}, seed=seed)
-        except KeyError as exc:
-            _fail(str(exc.args[0]))
-    if backend == "openai":
-        from equipoise.evaluators.backends.openai_backend import OpenAIBackend
-
-        return OpenAIBackend(model, base_url=base_url, concurrency=concurrency)
-    if backend == "vllm":
-        from equipoise.evaluators.backends.vllm_backend import VLLMBackend
-
-        return VLLMBackend(model)
-    _fail(f"--backend must be reference, openai or vllm, got {backend!r}")
-    raise AssertionError  # unreachable: _fail exits
 
 
 @app.command("import")
