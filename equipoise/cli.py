@@ -43,6 +43,10 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
     from equipoise.evaluators.store import StoreLockedError, connect
 
     try:
+        if read_only and store.is_dir():  # a folder of Parquet parts: read into an in-memory store
+            from equipoise.evaluators.parts import open_parts
+
+            return open_parts(store)
         return connect(store, read_only=read_only, memory_limit=memory_limit)
     except (FileNotFoundError, StoreLockedError, ValueError, duckdb.Error) as exc:
         _fail(str(exc).splitlines()[0])
@@ -599,6 +603,223 @@ def run_cmd(
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# evaluation plans (a whole sweep in one command) and Parquet parts
+# ---------------------------------------------------------------------------------------------
+store_app = typer.Typer(help="Maintain prediction stores (merge Parquet parts).", no_args_is_help=True)
+app.add_typer(store_app, name="store")
+
+
+@app.command("eval")
+def eval_cmd(
+    plan_file: Annotated[
+        Path, typer.Argument(metavar="PLAN.yaml", help="The plan (see: equipoise schema plan).")
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List the runs and prediction counts; run nothing.")
+    ] = False,
+    shard: Annotated[
+        str | None,
+        typer.Option("--shard", metavar="I/N", help="Run only slice I of N (0-based), chosen by item key."),
+    ] = None,
+    parts: Annotated[
+        Path | None,
+        typer.Option(
+            "--parts",
+            metavar="DIR",
+            help="Write Parquet parts (store row layout) into DIR instead of the store; merge them "
+            "later with: equipoise store ingest DIR --store FILE.",
+        ),
+    ] = None,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Spread the sweep over the Ray cluster ray.init() finds (pip install 'equipoise[ray]'); "
+            "workers write parts (under --parts, or next to the store) and this process ingests them.",
+        ),
+    ] = False,
+    workers: Annotated[
+        int | None, typer.Option("--workers", min=1, help="--ray: shards per run (default: cluster CPUs).")
+    ] = None,
+) -> None:
+    """Run a whole sweep (datasets x configs x models x prompt styles) from a plan file. Rerunning
+    the same command resumes the sweep; complete runs are skipped."""
+    from equipoise.evaluators.executor import run_sweep, sweep_summary
+    from equipoise.evaluators.ingest import DatasetVersionError
+    from equipoise.evaluators.parts import open_parts, part_dirs
+    from equipoise.evaluators.planner import PlanError, Shard, expand, load_plan, plan_status
+
+    try:
+        plan = load_plan(plan_file)
+        sh = Shard.parse(shard) if shard else Shard()
+    except PlanError as exc:
+        _fail(str(exc))
+    if ray and shard:
+        _fail("--ray shards the sweep itself; leave out --shard")
+    folders = {d.ref: _dataset_folder(d.ref) for d in plan.datasets}
+    try:
+        specs = expand(plan, folders)
+    except (PlanError, DatasetVersionError) as exc:
+        _fail(str(exc))
+    if parts is not None and parts.exists() and not parts.is_dir():
+        _fail(f"--parts {parts}: exists and is not a folder")
+    if dry_run:
+        con = None
+        if parts is not None and part_dirs(parts):
+            con = _or_fail(lambda: open_parts(parts))
+        elif parts is None and plan.store.exists():
+            con = _connect(plan.store, read_only=True)
+        try:
+            planned = _or_fail(lambda: plan_status(specs, con, sh))
+        finally:
+            if con is not None:
+                con.close()
+        _print_plan(planned, plan_file)
+        return
+    if ray:
+        from equipoise.evaluators.ray_exec import RayUnavailable, ShardFailed, run_sweep_ray
+
+        con = _connect(plan.store)
+        try:
+            try:
+                planned = plan_status(specs, con)
+                if sum(p.remaining for p in planned) == 0:
+                    _nothing_to_do(planned, plan.store)
+                else:
+                    run_sweep_ray(
+                        planned,
+                        con,
+                        parts or plan.store.with_name(plan.store.name + ".parts"),
+                        workers,
+                        console=err,
+                    )
+                summary = sweep_summary(con, [p.run_id for p in planned])
+            except (RayUnavailable, ShardFailed) as exc:
+                _fail(str(exc))
+            except (PlanError, ValueError, DatasetVersionError) as exc:
+                _fail(str(exc))
+        finally:
+            con.close()
+        _print_sweep(planned, summary, plan.store)
+        return
+    if parts is not None:
+        from equipoise.evaluators.executor import PartsSink
+
+        sink = _or_fail(lambda: PartsSink(parts, sh))
+        con, where = sink.con, parts
+    else:
+        sink, con, where = None, _connect(plan.store), plan.store
+    try:
+        try:
+            planned = plan_status(specs, con, sh)
+            if sum(p.remaining for p in planned) == 0:
+                _nothing_to_do(planned, where)
+            else:
+                run_sweep(planned, con, shard=sh, sink=sink, console=err)
+            summary = sweep_summary(con, [p.run_id for p in planned])
+        except (PlanError, ValueError, DatasetVersionError) as exc:
+            _fail(str(exc))
+    finally:
+        con.close()
+    _print_sweep(planned, summary, where)
+
+
+def _or_fail(fn: Any) -> Any:
+    """Call ``fn``; a user error (bad parts folder, bad plan) becomes one line and exit 2."""
+    from equipoise.evaluators.planner import PlanError
+
+    try:
+        return fn()
+    except (PlanError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc).splitlines()[0])
+
+
+def _nothing_to_do(planned: list[Any], where: Path) -> None:
+    console.print(
+        f"nothing to do: all {len(planned)} run(s) are complete in {where} "
+        f"({sum(p.done for p in planned):,} predictions stored)"
+    )
+
+
+def _print_plan(planned: list[Any], plan_file: Path) -> None:
+    t = Table(title=f"{plan_file}: {len(planned)} run(s) (dry run, nothing executed)")
+    for c in ("dataset", "config", "model", "prompt", "run_id", "predictions", "stored", "to do"):
+        t.add_column(c, justify="right" if c in ("predictions", "stored", "to do") else "left")
+    for p in planned:
+        s = p.spec
+        t.add_row(
+            s.dataset, s.config, s.model, s.style, p.run_id, str(p.total), str(p.done), str(p.remaining)
+        )
+    console.print(t)
+    console.print(
+        f"total: {sum(p.total for p in planned):,} predictions, {sum(p.done for p in planned):,} stored, "
+        f"{sum(p.remaining for p in planned):,} to do"
+    )
+
+
+def _print_sweep(planned: list[Any], summary: dict[str, tuple], where: Path) -> None:
+    t = Table(title=f"sweep summary ({where})")
+    cols = (
+        "dataset",
+        "config",
+        "model",
+        "prompt",
+        "run_id",
+        "rows",
+        "answered",
+        "abstained",
+        "unparsed",
+        "acc",
+    )
+    for c in cols:
+        t.add_column(c, justify="left" if c in cols[:5] else "right")
+    for p in planned:
+        s = p.spec
+        rows, ans, abst, unp, acc = summary.get(p.run_id, (0, 0, 0, 0, None))
+        t.add_row(
+            Path(s.dataset).name,
+            s.config,
+            s.model,
+            s.style,
+            p.run_id,
+            str(rows),
+            str(ans),
+            str(abst),
+            str(unp),
+            "-" if acc is None else f"{acc:.3f}",
+        )
+    console.print(t)
+
+
+@store_app.command("ingest")
+def store_ingest(
+    parts: Annotated[Path, typer.Argument(metavar="DIR", help="Folder of Parquet parts.")],
+    store: Annotated[Path, typer.Option("--store", help="DuckDB store file (created).")] = Path(
+        "equipoise-work/store.duckdb"
+    ),
+) -> None:
+    """Merge a folder of Parquet parts into a store, idempotently: parts already merged add
+    nothing, and a part a killed worker left half-written (a hidden .tmp- folder) is ignored."""
+    from equipoise.evaluators.parts import ingest_parts, part_dirs
+
+    if not parts.is_dir():
+        _fail(f"{parts}: no such folder of parts")
+    if not part_dirs(parts):
+        _fail(f"{parts}: no Parquet parts here (write some with equipoise eval --parts)")
+    con = _connect(store)
+    try:
+        res = _or_fail(lambda: ingest_parts(con, parts))
+    finally:
+        con.close()
+    added = ", ".join(f"{k} {v}" for k, v in res.added.items() if v)
+    console.print(
+        f"ingested {res.parts} part(s) from {parts} into {store}: "
+        + (f"added {added}" if added else "nothing new (already ingested)")
+        + (f"; {res.replaced_errors} error row(s) replaced by answers" if res.replaced_errors else "")
+    )
+
+
 @app.command("import")
 def import_cmd(
     file: Annotated[
@@ -641,10 +862,11 @@ def import_cmd(
 
 @app.command()
 def schema(
-    name: Annotated[str, typer.Argument(help="prediction | item | case | scoring-system")],
+    name: Annotated[str, typer.Argument(help="prediction | item | case | scoring-system | plan")],
 ) -> None:
     """Print the JSON Schema of a record type (the import format is `prediction`)."""
     from equipoise.evaluators.importer import prediction_json_schema
+    from equipoise.evaluators.planner import plan_json_schema
     from equipoise.schemas.clindet import DeterminabilityCase
     from equipoise.schemas.items import MCQItem
     from equipoise.schemas.scoring import ScoringSystem
@@ -654,6 +876,7 @@ def schema(
         "item": MCQItem.model_json_schema,
         "case": DeterminabilityCase.model_json_schema,
         "scoring-system": ScoringSystem.model_json_schema,
+        "plan": plan_json_schema,
     }
     if name not in schemas:
         _fail(f"unknown schema '{name}'; known: {', '.join(schemas)}")
@@ -687,9 +910,10 @@ MemoryLimit = Annotated[
 
 @app.command()
 def metrics(
-    store: Annotated[Path, typer.Option("--store", help="DuckDB store file (opened read-only).")] = Path(
-        "equipoise-work/store.duckdb"
-    ),
+    store: Annotated[
+        Path,
+        typer.Option("--store", help="DuckDB store file (opened read-only), or a folder of Parquet parts."),
+    ] = Path("equipoise-work/store.duckdb"),
     metric: Annotated[
         list[str] | None, typer.Option("--metric", help="Metric name (repeatable; default: all).")
     ] = None,
@@ -827,9 +1051,9 @@ def report(
 @app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="A read-only SQL query.")],
-    store: Annotated[Path, typer.Option("--store", help="DuckDB store file.")] = Path(
-        "equipoise-work/store.duckdb"
-    ),
+    store: Annotated[
+        Path, typer.Option("--store", help="DuckDB store file, or a folder of Parquet parts.")
+    ] = Path("equipoise-work/store.duckdb"),
     fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
 ) -> None:
     """Run SQL over a prediction store through a read-only connection (writes are refused)."""

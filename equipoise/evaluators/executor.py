@@ -128,7 +128,7 @@ class PartsSink:
 
     def _rows(self, table: str, where: str, params: list[Any]) -> pa.Table:
         want = to_table(TABLE_MODELS[table], []).schema
-        got = self.con.execute(f"SELECT {', '.join(want.names)} FROM {table} WHERE {where}", params)
+        got = self.con.sql(f"SELECT {', '.join(want.names)} FROM {table} WHERE {where}", params=params)
         return got.to_arrow_table().cast(want)
 
     def on_batch(self, preds: list[PredictionRow], scores: list[OptionScoreRow]) -> None:
@@ -235,3 +235,54 @@ def sweep_summary(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> dict[st
     """Per run: stored rows, answered, abstained, unparsed or error, accuracy (SQL over the store)."""
     rows = con.execute(SUMMARY_SQL, [run_ids]).fetchall()
     return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def run_sweep(
+    planned: list[PlannedRun],
+    con: duckdb.DuckDBPyConnection,
+    shard: Shard = WHOLE,
+    sink: PartsSink | None = None,
+    console: Any = None,
+    progress: bool = True,
+) -> list[SweepResult]:
+    """:func:`execute_planned` under one progress display for the whole sweep: a line with done /
+    total predictions and the ETA, and one line per run that has work left."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("predictions"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
+        total = bar.add_task(
+            "[bold]sweep",
+            total=sum(p.total for p in planned),
+            completed=sum(min(p.done, p.total) for p in planned),
+        )
+        rows = {
+            p.run_id: bar.add_task(
+                f"  {Path(p.spec.dataset).name}/{p.spec.config} {p.spec.model} {p.spec.style}",
+                total=p.total,
+                completed=min(p.done, p.total),
+            )
+            for p in planned
+            if p.remaining
+        }
+
+        def advance(p: PlannedRun, n: int) -> None:
+            bar.advance(total, n)
+            bar.advance(rows[p.run_id], n)
+
+        return execute_planned(planned, con, shard=shard, sink=sink, on_rows=advance)

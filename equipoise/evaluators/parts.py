@@ -138,7 +138,7 @@ def _answers_first(con: duckdb.DuckDBPyConnection, preds: pa.Table) -> tuple[pa.
     key = ", ".join(primary_key(con, "predictions"))
     con.register("_parts_preds", preds)
     try:
-        best = con.execute(
+        best = con.sql(
             f"SELECT * FROM _parts_preds QUALIFY row_number() OVER "
             f"(PARTITION BY {key} ORDER BY (outcome = 'error'), raw_output) = 1"
         ).to_arrow_table()

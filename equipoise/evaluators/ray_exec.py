@@ -1,0 +1,144 @@
+"""Run a sweep on a Ray cluster: the same shards as ``--shard I/N``, scheduled by Ray.
+
+Nothing here schedules work itself. The sweep is cut into N shards by item key (the planner's
+:class:`Shard`), and each shard is one Ray task that runs :func:`executor.execute_planned` in parts
+mode, exactly what ``equipoise eval --shard I/N --parts DIR`` does in a process of its own. So a
+Ray run, a SLURM array of shards and a single process produce the same rows, and Ray's own
+machinery does the rest:
+
+* placement: ``ray.init()`` finds the cluster (``RAY_ADDRESS``, or a local one); shards of API and
+  reference runs take one CPU each; a sweep with vLLM models asks one GPU per shard and runs as
+  many shards as the cluster has GPUs, so each GPU holds one model replica, loaded once per shard
+  and reused across that shard's configs;
+* failure: a worker that dies (OOM, preemption, a kill) is retried by Ray (``max_retries``); the
+  retry starts from the parts its predecessor committed, so nothing is asked twice or lost, and a
+  half-written part is a hidden folder that nobody reads.
+
+The driver ingests parts into the store as they arrive (every ``poll`` seconds and once at the
+end), so the store fills while the cluster works and a killed driver loses nothing: a rerun
+ingests what the workers wrote and asks only for what is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from equipoise.evaluators.executor import PartsSink, execute_planned
+from equipoise.evaluators.parts import ingest_parts, part_dirs
+from equipoise.evaluators.planner import PlannedRun, RunSpec, Shard, plan_status
+
+MAX_RETRIES = 3
+
+
+class RayUnavailable(RuntimeError):
+    """``--ray`` without Ray installed."""
+
+
+class ShardFailed(RuntimeError):
+    """A shard failed after Ray's retries; the message names it and how to resume."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RayUnavailable("--ray needs Ray: pip install 'equipoise[ray]'") from None
+    return ray
+
+
+def run_shard(specs: list[RunSpec], index: int, count: int, root: str) -> int:
+    """One shard of the sweep in parts mode (the body of a Ray task; also callable directly).
+    Returns the prediction rows it wrote."""
+    shard = Shard(index, count)
+    sink = PartsSink(Path(root), shard)
+    try:
+        planned = plan_status(specs, sink.con, shard)
+        results = execute_planned(planned, sink.con, shard=shard, sink=sink)
+    finally:
+        sink.con.close()
+    return sum(r.summary.written for r in results if r.summary is not None)
+
+
+def run_sweep_ray(
+    planned: list[PlannedRun],
+    con: duckdb.DuckDBPyConnection,
+    root: Path,
+    workers: int | None = None,
+    console: Any = None,
+    progress: bool = True,
+    poll: float = 0.5,
+) -> int:
+    """Run the runs of ``planned`` that have work left on Ray, ingesting parts from ``root`` into
+    the store ``con`` as they arrive. Returns the prediction rows added to the store."""
+    ray = _ray()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    if not ray.is_initialized():
+        ray.init(log_to_driver=False)
+    specs = [p.spec for p in planned if p.remaining]
+    gpu = any(s.backend == "vllm" for s in specs)
+    res = ray.cluster_resources()
+    if gpu and not res.get("GPU"):
+        raise ShardFailed("the plan has vLLM models but the Ray cluster has no GPU")
+    count = workers or max(int(res.get("GPU" if gpu else "CPU", 1)), 1)
+    root.mkdir(parents=True, exist_ok=True)
+    _seed_parts(con, root, [p for p in planned if p.done > 0 and p.remaining])
+    task = ray.remote(num_cpus=1, num_gpus=1 if gpu else 0, max_retries=MAX_RETRIES)(run_shard)
+    refs = {task.remote(specs, i, count, str(root)): i for i in range(count)}
+    added = 0
+    seen: set[Path] = set()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, disable=not progress) as bar:
+        t = bar.add_task(
+            f"[bold]sweep on Ray ({count} shards)",
+            total=sum(p.total for p in planned),
+            completed=sum(min(p.done, p.total) for p in planned),
+        )
+        failures: list[str] = []
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=poll)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except Exception as exc:  # a shard that failed after Ray's retries
+                    failures.append(f"shard {refs[ref]}/{count}: {type(exc).__name__}: {str(exc)[:200]}")
+            new = [p for p in part_dirs(root) if p not in seen]
+            if new:
+                n = ingest_parts(con, root, only=new).predictions_added
+                seen.update(new)
+                added += n
+                bar.advance(t, n)
+        new = [p for p in part_dirs(root) if p not in seen]
+        added += ingest_parts(con, root, only=new).predictions_added
+    if failures:
+        raise ShardFailed(
+            "; ".join(failures) + " (what the other shards wrote is stored; run the same command to resume)"
+        )
+    return added
+
+
+def _seed_parts(con: duckdb.DuckDBPyConnection, root: Path, partial: list[PlannedRun]) -> None:
+    """Copy what the store already holds of partly done runs into a part, so workers (which read
+    only parts: the store file is the driver's) do not ask for it again."""
+    from equipoise.evaluators.parts import write_part
+    from equipoise.evaluators.store import TABLE_MODELS
+    from equipoise.schemas.features import to_table
+
+    for p in partial:
+        tables = {}
+        for table, where in (("runs", "run_id = ?"), ("predictions", "run_id = ? AND outcome <> 'error'")):
+            want = to_table(TABLE_MODELS[table], []).schema
+            cur = con.sql(f"SELECT {', '.join(want.names)} FROM {table} WHERE {where}", params=[p.run_id])
+            tables[table] = cur.to_arrow_table().cast(want)
+        want = to_table(TABLE_MODELS["option_scores"], []).schema
+        cur = con.sql(
+            f"SELECT {', '.join('s.' + c for c in want.names)} FROM option_scores s JOIN predictions p "
+            "USING (run_id, item_id, sample_index) WHERE s.run_id = ? AND p.outcome <> 'error'",
+            params=[p.run_id],
+        )
+        tables["option_scores"] = cur.to_arrow_table().cast(want)
+        write_part(root, f"store-{p.run_id}-{p.done}", tables)
