@@ -254,7 +254,11 @@ def make_backend(spec: RunSpec, records: dict[str, Any], model: str | None = Non
     if spec.backend == "openai":
         from equipoise.evaluators.backends.openai_backend import OpenAIBackend
 
-        return OpenAIBackend(name, base_url=spec.base_url, concurrency=spec.concurrency)
+        # the cap is per endpoint: the sweep's models on one server (and a parse-fallback helper)
+        # share it instead of each bringing their own
+        return OpenAIBackend(
+            name, base_url=spec.base_url, concurrency=spec.concurrency, endpoint_concurrency=spec.concurrency
+        )
     if spec.backend == "vllm":
         from equipoise.evaluators.backends.vllm_backend import VLLMBackend
 
