@@ -264,3 +264,20 @@ def test_schema_plan_is_published():
     schema = json.loads(r.stdout)
     assert {"store", "datasets", "models", "prompts", "samples"} <= set(schema["properties"])
     assert set(schema["required"]) == {"datasets", "models"}
+
+
+def test_readme_plan_is_valid():
+    """The plan shown in the README validates against the published model (names as in the issue)."""
+    import re
+
+    import yaml
+
+    from equipoise.evaluators.planner import Plan
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"## Sweeps.*?```yaml\n(.*?)```", readme, re.S)
+    assert block is not None
+    plan = Plan.model_validate(yaml.safe_load(block.group(1)))
+    assert [d.configs for d in plan.datasets] == ["all", ["NA", "A", "NAP", "AP"]]
+    assert [m.backend for m in plan.models] == ["reference", "vllm", "openai"]
+    assert plan.prompts == ["base", "cot"] and plan.samples == 1
