@@ -749,7 +749,14 @@ def _print_plan(planned: list[Any], plan_file: Path) -> None:
     for p in planned:
         s = p.spec
         t.add_row(
-            s.dataset, s.config, s.model, s.style, p.run_id, str(p.total), str(p.done), str(p.remaining)
+            s.dataset,
+            s.config,
+            s.model,
+            f"self_eval:{s.style}" if s.self_eval else s.style,
+            p.run_id,
+            str(p.total),
+            str(p.done),
+            str(p.remaining),
         )
     console.print(t)
     console.print(
@@ -781,7 +788,7 @@ def _print_sweep(planned: list[Any], summary: dict[str, tuple], where: Path) -> 
             Path(s.dataset).name,
             s.config,
             s.model,
-            s.style,
+            f"self_eval:{s.style}" if s.self_eval else s.style,
             p.run_id,
             str(rows),
             str(ans),

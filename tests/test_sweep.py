@@ -281,3 +281,55 @@ def test_readme_plan_is_valid():
     assert [d.configs for d in plan.datasets] == ["all", ["NA", "A", "NAP", "AP"]]
     assert [m.backend for m in plan.models] == ["reference", "vllm", "openai"]
     assert plan.prompts == ["base", "cot"] and plan.samples == 1
+
+
+def _judge_or_answer(body):
+    """Fake server: a verdict for self-evaluation prompts, else an answer that depends on the item."""
+    from tests.fakeopenai import completion
+
+    system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
+    if "checking answers" in system:
+        return 200, completion("Verdict: Incorrect" if "Answer: B" in user else "Verdict: Correct")
+    return 200, completion("Answer: B" if len(user) % 2 else "Answer: A")
+
+
+def test_self_evaluation_pass_in_a_plan_single_and_sharded(work, monkeypatch):
+    from tests.fakeopenai import FakeOpenAI
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-secret")
+    with FakeOpenAI(_judge_or_answer) as server:
+        plan = work / "judge.yaml"
+        plan.write_text(
+            "store: judge.duckdb\n"
+            "datasets:\n  - path: nota\n    configs: [plus_nota]\n"
+            "models:\n"
+            f"  - {{name: fake-model, backend: openai, base_url: '{server.base_url}', concurrency: 4}}\n"
+            "prompts: [base]\nself_eval: true\ncommit_every: 8\n"
+        )
+        dry = cli.invoke(app, ["eval", str(plan), "--dry-run"])
+        assert dry.exit_code == 0 and "self_eval:base" in dry.output, dry.output
+        r = cli.invoke(app, ["eval", str(plan)])
+        assert r.exit_code == 0, r.output
+        assert "nothing to do" in cli.invoke(app, ["eval", str(plan)]).output
+        for i in (0, 1):
+            r = cli.invoke(app, ["eval", str(plan), "--shard", f"{i}/2", "--parts", str(work / "jp")])
+            assert r.exit_code == 0, r.output
+    store = work / "judge.duckdb"
+    n_items = json.loads((work / "nota" / "manifest.json").read_text())["configs"]["plus_nota"]["rows"]
+    styles = _rows(
+        store, "SELECT prompt_style, count(*) FROM predictions JOIN runs USING (run_id) GROUP BY 1 ORDER BY 1"
+    )
+    assert styles == [("base", n_items), ("self_eval:base", n_items)]
+    # every verdict judges the decision it is linked to
+    wrong = _rows(
+        store,
+        "SELECT count(*) FROM predictions d JOIN runs rd USING (run_id) JOIN predictions v USING (item_id) "
+        "JOIN runs rv ON rv.run_id = v.run_id "
+        "WHERE rd.prompt_style = 'base' AND rv.prompt_style = 'self_eval:base' "
+        "AND (v.parsed_label = 'Incorrect') <> (d.raw_output LIKE '%Answer: B%')",
+    )
+    assert wrong == [(0,)]
+    merged = work / "judge-merged.duckdb"
+    assert cli.invoke(app, ["store", "ingest", str(work / "jp"), "--store", str(merged)]).exit_code == 0
+    q = "SELECT * EXCLUDE (latency_ms) FROM predictions ORDER BY run_id, item_id, sample_index"
+    assert _rows(merged, q) == _rows(store, q)

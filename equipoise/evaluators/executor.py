@@ -178,6 +178,10 @@ def execute_planned(
             if bkey not in backends:
                 backends[bkey] = make_backend(spec, {})
             backend = backends[bkey]
+        hook = (lambda n, _p=p: on_rows(_p, n)) if on_rows is not None else None
+        if p.of_run is not None:
+            results.append(SweepResult(p, _self_eval(p, con, loaded, backend, shard, sink, hook)))
+            continue
         if sink is not None:
             from equipoise.evaluators.runner import plan_run
             from equipoise.evaluators.store import RunRow, insert
@@ -194,7 +198,6 @@ def execute_planned(
             )
             insert(con, RunRow, [ident.row])
             sink.write_meta(p, loaded)
-        hook = (lambda n, _p=p: on_rows(_p, n)) if on_rows is not None else None
         summary = run(
             con,
             Path(spec.folder),
@@ -216,13 +219,51 @@ def execute_planned(
     return results
 
 
+def _self_eval(
+    p: PlannedRun,
+    con: duckdb.DuckDBPyConnection,
+    loaded: LoadedConfig,
+    backend: Any,
+    shard: Shard,
+    sink: PartsSink | None,
+    hook: Callable[[int], None] | None,
+) -> RunSummary:
+    """The self-evaluation pass of the decision run ``p.of_run`` (executed just before it)."""
+    from equipoise.evaluators.runner import judged_run, plan_self_eval
+    from equipoise.evaluators.store import RunRow, insert
+
+    assert p.of_run is not None
+    decoding = p.spec.decoding.model_copy(update={"n": 1})
+    if sink is not None:
+        row = plan_self_eval(
+            judged_run(con, p.of_run), p.of_run, loaded, backend.name, backend.model, decoding
+        )
+        insert(con, RunRow, [row])
+        sink.write_meta(p, loaded)
+    return run_self_eval(
+        con,
+        Path(p.spec.folder),
+        p.of_run,
+        backend,
+        decoding=decoding,
+        limit=p.spec.limit,
+        batch=p.spec.commit_every,
+        progress=False,
+        loaded=loaded,
+        keep=shard.keeps,
+        on_rows=hook,
+        on_batch=sink.on_batch if sink is not None else None,
+    )
+
+
 SUMMARY_SQL = """
 SELECT r.run_id,
        count(p.run_id)                                                      AS rows,
        count(*) FILTER (WHERE p.outcome = 'answered')                      AS answered,
        count(*) FILTER (WHERE p.outcome = 'abstained')                     AS abstained,
        count(*) FILTER (WHERE p.outcome IN ('unparsed', 'error'))          AS unparsed,
-       avg(coalesce(p.parsed_label = i.target_label, false)::INT)          AS accuracy
+       avg(coalesce(p.parsed_label = i.target_label, false)::INT)
+           FILTER (WHERE r.prompt_style NOT LIKE 'self_eval:%')           AS accuracy
 FROM runs r
 LEFT JOIN predictions p USING (run_id)
 LEFT JOIN items i ON i.dataset_id = r.dataset_id AND i.config = r.config AND i.item_id = p.item_id

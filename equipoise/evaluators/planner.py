@@ -100,6 +100,11 @@ class Plan(_Strict):
     shots: int = Field(default=4, ge=1, description="fewshot: examples per question.")
     seed: int = 0
     commit_every: int = Field(default=32, ge=1, description="Rows per transaction or part file.")
+    self_eval: bool = Field(
+        default=False,
+        description="After each decision run of an openai or vllm model, the same model judges its "
+        "sample-0 answers Correct / Incorrect in a new conversation (a self-evaluation run).",
+    )
 
     @field_validator("prompts")
     @classmethod
@@ -163,6 +168,11 @@ class RunSpec(_Strict):
     parse_fallback_model: str | None = Field(
         default=None, description="Helper model (same backend and endpoint) for unparsed replies."
     )
+    self_eval: bool = Field(
+        default=False,
+        description="This spec is the self-evaluation (one verdict per item) of the decision run "
+        "the other fields name; ``decoding`` is the decision's.",
+    )
 
 
 def expand(plan: Plan, folders: dict[str, Path]) -> list[RunSpec]:
@@ -183,29 +193,30 @@ def expand(plan: Plan, folders: dict[str, Path]) -> list[RunSpec]:
                             f"dataset '{d.ref}' is determinability (ClinDet): prompt '{style}' is for MCQ "
                             "items; use base, cot or safe"
                         )
-                    specs.append(
-                        RunSpec(
-                            dataset=d.ref,
-                            folder=str(folder),
-                            config=config,
-                            backend=m.backend,
-                            model=m.name,
-                            style=style,
-                            decoding=Decoding(
-                                temperature=m.decoding.temperature,
-                                top_p=m.decoding.top_p,
-                                max_tokens=m.decoding.max_tokens,
-                                thinking=m.decoding.thinking,
-                                n=plan.samples,
-                                seed=plan.seed,
-                            ),
-                            shots=plan.shots,
-                            base_url=m.base_url,
-                            concurrency=m.concurrency,
+                    decision = RunSpec(
+                        dataset=d.ref,
+                        folder=str(folder),
+                        config=config,
+                        backend=m.backend,
+                        model=m.name,
+                        style=style,
+                        decoding=Decoding(
+                            temperature=m.decoding.temperature,
+                            top_p=m.decoding.top_p,
+                            max_tokens=m.decoding.max_tokens,
+                            thinking=m.decoding.thinking,
+                            n=plan.samples,
                             seed=plan.seed,
-                            commit_every=plan.commit_every,
-                        )
+                        ),
+                        shots=plan.shots,
+                        base_url=m.base_url,
+                        concurrency=m.concurrency,
+                        seed=plan.seed,
+                        commit_every=plan.commit_every,
                     )
+                    specs.append(decision)
+                    if plan.self_eval and m.backend != "reference":
+                        specs.append(decision.model_copy(update={"self_eval": True}))
     return specs
 
 
@@ -313,6 +324,7 @@ class PlannedRun:
     run_id: str
     total: int
     done: int
+    of_run: str | None = None  # a self-evaluation: the decision run it judges
 
     @property
     def remaining(self) -> int:
@@ -354,17 +366,40 @@ def plan_status(
         )
         records = loaded.records[: spec.limit] if spec.limit else loaded.records
         ids = [i for i in (loaded.item_id(r) for r in records) if shard.keeps(i)]
-        done = 0
-        if con is not None and ids:
-            done = int(
-                con.execute(
-                    "SELECT count(*) FROM predictions WHERE run_id = ? AND outcome <> 'error' "
-                    "AND sample_index < ? AND item_id IN (SELECT unnest(?::VARCHAR[]))",
-                    [ident.run_id, spec.decoding.n, ids],
-                ).fetchall()[0][0]
-            )
+        if spec.self_eval:
+            out.append(_self_eval_status(spec, ident.row, loaded, ids, con))
+            continue
+        done = _stored(con, ident.run_id, spec.decoding.n, ids)
         out.append(PlannedRun(spec, ident.run_id, len(ids) * spec.decoding.n, done))
     return out
+
+
+def _stored(con: Any | None, run_id: str, n: int, ids: list[str], errors: bool = False) -> int:
+    """Rows of ``run_id`` for ``ids`` with sample index < ``n``: answers, or (``errors``) error rows."""
+    if con is None or not ids:
+        return 0
+    op = "=" if errors else "<>"
+    return int(
+        con.execute(
+            f"SELECT count(*) FROM predictions WHERE run_id = ? AND outcome {op} 'error' "
+            "AND sample_index < ? AND item_id IN (SELECT unnest(?::VARCHAR[]))",
+            [run_id, n, ids],
+        ).fetchall()[0][0]
+    )
+
+
+def _self_eval_status(
+    spec: RunSpec, decision: Any, loaded: Any, ids: list[str], con: Any | None
+) -> PlannedRun:
+    """A self-evaluation gives one verdict per judged answer: every item of the shard except those
+    whose decision (sample 0) is an error row, which the decision run asks again first."""
+    from equipoise.evaluators.runner import plan_self_eval
+
+    judged = {"model": decision.model, "backend": decision.backend, "style": decision.prompt_style}
+    judge_decoding = spec.decoding.model_copy(update={"n": 1})
+    row = plan_self_eval(judged, decision.run_id, loaded, decision.backend, decision.model, judge_decoding)
+    total = len(ids) - _stored(con, decision.run_id, 1, ids, errors=True)
+    return PlannedRun(spec, row.run_id, total, _stored(con, row.run_id, 1, ids), of_run=decision.run_id)
 
 
 @dataclass(frozen=True)

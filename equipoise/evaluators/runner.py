@@ -32,6 +32,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 from rich.progress import Progress
@@ -524,6 +525,45 @@ def judged_run(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, str]:
     return {"model": model, "backend": be, "style": style, "dataset_id": did, "config": cfg}
 
 
+def _self_eval_template(loaded: LoadedConfig) -> Any:
+    return get_template("clindet_self_evaluation" if loaded.suite == "clindet" else "mcq_self_evaluation")
+
+
+def plan_self_eval(
+    judged: dict[str, str],
+    decision_run_id: str,
+    loaded: LoadedConfig,
+    judge_backend: str,
+    judge_model: str,
+    decoding: Decoding,
+    parse_fallback: ParseFallback | None = None,
+) -> RunRow:
+    """The ``runs`` row of the self-evaluation of ``decision_run_id`` (whose model, backend,
+    style, dataset and config are ``judged``) by ``judge_model``; needs no store, so a sweep can
+    plan it before the decision run exists."""
+    tpl = _self_eval_template(loaded)
+    style = SELF_EVAL_PREFIX + judged["style"]
+    link = {"of_run": decision_run_id, "judge_backend": judge_backend, "judge_model": judge_model}
+    extra: dict[str, object] = {"self_eval": link}
+    if parse_fallback is not None:
+        extra["parse_fallback"] = parse_fallback.identity()
+    rid = run_id_for(
+        judge_model, judge_backend, style, tpl.sha256, decoding, loaded.dataset_id, loaded.config, extra
+    )
+    return RunRow(
+        run_id=rid,
+        model=judged["model"],  # the judged run's identity: this is how the metric links them
+        backend=judged["backend"],
+        prompt_style=style,
+        prompt_template_id=tpl.id,
+        prompt_sha256=tpl.sha256,
+        decoding_json=_decoding_json(decoding, extra),
+        dataset_id=loaded.dataset_id,
+        config=loaded.config,
+        package_version=__version__,
+    )
+
+
 def run_self_eval(
     con: duckdb.DuckDBPyConnection,
     folder: Path,
@@ -536,6 +576,9 @@ def run_self_eval(
     loaded: LoadedConfig | None = None,
     parse_fallback: ParseFallback | None = None,
     allow_other_model: bool = False,
+    keep: Callable[[str], bool] | None = None,
+    on_rows: Callable[[int], None] | None = None,
+    on_batch: BatchHook | None = None,
 ) -> RunSummary:
     """Ask ``backend`` to judge each sample-0 answer of ``decision_run_id`` in a fresh conversation.
 
@@ -561,7 +604,7 @@ def run_self_eval(
             f"run '{decision_run_id}' used {d['dataset_id'][:12]}/{d['config']}, "
             f"not {loaded.dataset_id[:12]}/{loaded.config}"
         )
-    tpl = get_template("clindet_self_evaluation" if loaded.suite == "clindet" else "mcq_self_evaluation")
+    tpl = _self_eval_template(loaded)
     answers = dict(
         con.execute(
             "SELECT item_id, CASE WHEN outcome = 'error' THEN NULL ELSE raw_output END FROM predictions "
@@ -576,36 +619,11 @@ def run_self_eval(
     judged = judged[:limit] if limit else judged
     if not judged:
         raise ValueError(f"run '{decision_run_id}' has no sample-0 predictions to judge")
-    style = SELF_EVAL_PREFIX + d["style"]
-    link = {
-        "of_run": decision_run_id,
-        "judge_backend": backend.name,
-        "judge_model": backend.model,
-    }
-    extra: dict[str, object] = {"self_eval": link}
-    if parse_fallback is not None:
-        extra["parse_fallback"] = parse_fallback.identity()
-    rid = run_id_for(
-        backend.model, backend.name, style, tpl.sha256, decoding, loaded.dataset_id, loaded.config, extra
-    )
-    insert(
-        con,
-        RunRow,
-        [
-            RunRow(
-                run_id=rid,
-                model=d["model"],  # the judged run's identity: this is how the metric links them
-                backend=d["backend"],
-                prompt_style=style,
-                prompt_template_id=tpl.id,
-                prompt_sha256=tpl.sha256,
-                decoding_json=_decoding_json(decoding, extra),
-                dataset_id=loaded.dataset_id,
-                config=loaded.config,
-                package_version=__version__,
-            )
-        ],
-    )
+    if keep is not None:
+        judged = [r for r in judged if keep(loaded.item_id(r))]
+    row = plan_self_eval(d, decision_run_id, loaded, backend.name, backend.model, decoding, parse_fallback)
+    rid = row.run_id
+    insert(con, RunRow, [row])
     _forget_errors(con, rid, [loaded.item_id(r) for r in judged])
     have = {
         x[0]
@@ -637,6 +655,8 @@ def run_self_eval(
         progress=progress,
         parse_fallback=parse_fallback,
         verdict=True,
+        on_rows=on_rows,
+        on_batch=on_batch,
     )
     skipped = len(judged) - len(no_answer) - len(todo)
     return RunSummary(rid, len(todo), written, skipped, _outcomes(con, rid), skipped_no_answer=len(no_answer))
