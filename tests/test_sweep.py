@@ -333,3 +333,60 @@ def test_self_evaluation_pass_in_a_plan_single_and_sharded(work, monkeypatch):
     assert cli.invoke(app, ["store", "ingest", str(work / "jp"), "--store", str(merged)]).exit_code == 0
     q = "SELECT * EXCLUDE (latency_ms) FROM predictions ORDER BY run_id, item_id, sample_index"
     assert _rows(merged, q) == _rows(store, q)
+
+
+def _slow_answer(body):
+    import time
+
+    from tests.fakeopenai import completion
+
+    time.sleep(0.02)
+    user = body["messages"][-1]["content"]
+    return 200, completion(f"Answer: {'B' if 'B.' in user else 'A'}")
+
+
+def test_sigkill_of_a_parts_worker_then_resume(work):
+    """A real `equipoise eval --parts` process killed with SIGKILL mid-sweep: its committed parts
+    stay, anything half-written is never read, and the rerun completes with no loss or duplicate."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.fakeopenai import FakeOpenAI
+
+    parts = work / "kp"
+    env = {**os.environ, "OPENAI_API_KEY": "sk-test-not-a-secret", "PYTHONUNBUFFERED": "1"}
+    with FakeOpenAI(_slow_answer) as server:
+        plan = work / "kill.yaml"
+        plan.write_text(
+            "datasets:\n  - path: nota\n    configs: [plus_nota, original]\n"
+            "models:\n"
+            f"  - {{name: fake-model, backend: openai, base_url: '{server.base_url}', concurrency: 2}}\n"
+            "commit_every: 5\n"
+        )
+        cmd = [sys.executable, "-m", "equipoise.cli", "eval", str(plan), "--parts", str(parts)]
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while len(part_dirs(parts)) < 6 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        assert proc.poll() is None, "finished before it could be killed: " + proc.stdout.read().decode()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        first = len(server.requests)
+        store = work / "k.duckdb"
+        con = connect(store)
+        committed = ingest_parts(con, parts).predictions_added
+        con.close()
+        assert 0 < committed < 200
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        asked_again = len(server.requests) - first
+    r = cli.invoke(app, ["store", "ingest", str(parts), "--store", str(store)])
+    assert r.exit_code == 0, r.output
+    total, distinct = _rows(
+        store, "SELECT count(*), count(DISTINCT (run_id, item_id, sample_index)) FROM predictions"
+    )[0]
+    assert total == distinct == 200
+    assert asked_again == 200 - committed  # only what no committed part held was asked again
