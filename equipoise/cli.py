@@ -657,6 +657,8 @@ def eval_cmd(
         _fail(str(exc))
     if ray and shard:
         _fail("--ray shards the sweep itself; leave out --shard")
+    if workers is not None and not ray:
+        _fail("--workers only applies with --ray")
     folders = {d.ref: _dataset_folder(d.ref) for d in plan.datasets}
     try:
         specs = expand(plan, folders)

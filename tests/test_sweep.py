@@ -252,6 +252,8 @@ def test_plan_errors_are_one_line(work):
     plan.write_text(PLAN.replace("name: oracle", "name: orcale"))
     r = cli.invoke(app, ["eval", str(plan), "--dry-run"])
     assert r.exit_code == 2 and "unknown reference policy 'orcale'" in r.output
+    r = cli.invoke(app, ["eval", str(work / "plan.yaml"), "--workers", "2"])
+    assert r.exit_code == 2 and "--workers only applies with --ray" in r.output
     r = cli.invoke(app, ["eval", str(work / "plan.yaml"), "--shard", "2/2"])
     assert r.exit_code == 2 and "0 <= I < N" in r.output
     r = cli.invoke(app, ["store", "ingest", str(work / "nothing-here"), "--store", str(work / "x.duckdb")])
