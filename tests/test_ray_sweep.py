@@ -141,3 +141,30 @@ def test_killed_worker_is_retried_without_loss_or_duplicates(local_ray, nota, tm
     assert got == single  # nothing lost, nothing duplicated, same answers
     # the retried shard re-asked at most the batch in flight when it was killed
     assert asked_single <= asked_ray <= asked_single + 2 * 5
+
+
+def test_ray_data_replicas_equal_single_process(local_ray, nota, tmp_path):
+    """The Ray Data path (vLLM's: items streamed to one replica per GPU) checked on CPU with the
+    reference backend, multi-sample included: same rows, and a rerun adds nothing."""
+    from equipoise.evaluators.ray_exec import run_sweep_ray_data
+
+    specs = [
+        s.model_copy(update={"decoding": Decoding(n=3)}) if s.model == "calibrated" else s
+        for s in _specs(nota, "reference", ["chance", "calibrated"])
+    ]
+    _single(specs, tmp_path / "single.duckdb")
+    con = connect(tmp_path / "rd.duckdb")
+    try:
+        added = run_sweep_ray_data(
+            plan_status(specs, con), con, tmp_path / "parts", replicas=2, progress=False
+        )
+        assert added == len(_rows(tmp_path / "single.duckdb", PRED_SQL))
+        n_parts = len(part_dirs(tmp_path / "parts"))
+        again = run_sweep_ray_data(
+            plan_status(specs, con), con, tmp_path / "parts", replicas=2, progress=False
+        )
+        assert again == 0 and len(part_dirs(tmp_path / "parts")) == n_parts
+    finally:
+        con.close()
+    for sql in (PRED_SQL, SCORE_SQL, "SELECT * FROM runs ORDER BY run_id"):
+        assert _rows(tmp_path / "rd.duckdb", sql) == _rows(tmp_path / "single.duckdb", sql)

@@ -107,16 +107,41 @@ class PartsSink:
     """Where a worker in parts mode writes: an in-memory store mirroring the parts in ``root``
     (so resume sees what earlier attempts committed) and one Parquet part per committed batch."""
 
-    def __init__(self, root: Path, shard: Shard) -> None:
+    def __init__(self, root: Path, shard: Shard, load: bool = True) -> None:
         self.root = root
         self.shard = shard
         self.con = connect_memory()
-        ingest_parts(self.con, root)
+        if load:  # a Ray Data replica is sent only missing items and needs no mirror
+            ingest_parts(self.con, root)
+        self._meta: set[str] = set()
+
+    def write_meta_for(self, spec: RunSpec, loaded: LoadedConfig, backend: Any) -> str:
+        """Insert the runs row of ``spec`` (as ``backend`` names it) and write its meta part once."""
+        from equipoise.evaluators.runner import plan_run
+        from equipoise.evaluators.store import RunRow, insert
+
+        ident = plan_run(
+            Path(spec.folder),
+            loaded,
+            backend.model,
+            backend.name,
+            spec.style,
+            spec.decoding,
+            pool_config=spec.pool,
+            shots=spec.shots,
+        )
+        if ident.run_id not in self._meta:
+            insert(self.con, RunRow, [ident.row])
+            self._write_meta(ident.run_id, loaded)
+            self._meta.add(ident.run_id)
+        return ident.run_id
 
     def write_meta(self, planned: PlannedRun, loaded: LoadedConfig) -> None:
         """The run's ``runs`` row and its config's dataset, items and options, as one part (once
         per run and shard), so a folder of parts is a complete store on its own."""
-        rid = planned.run_id
+        self._write_meta(planned.run_id, loaded)
+
+    def _write_meta(self, rid: str, loaded: LoadedConfig) -> None:
         key = [loaded.dataset_id, loaded.config]
         tables: dict[str, pa.Table] = {
             "runs": self._rows("runs", "run_id = ?", [rid]),
