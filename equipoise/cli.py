@@ -635,12 +635,17 @@ def eval_cmd(
         bool,
         typer.Option(
             "--ray",
-            help="Spread the sweep over the Ray cluster ray.init() finds (pip install 'equipoise[ray]'); "
+            help="Spread the sweep over the Ray cluster ray.init() finds (pip install 'equipoise\\[ray]'); "
             "workers write parts (under --parts, or next to the store) and this process ingests them.",
         ),
     ] = False,
     workers: Annotated[
-        int | None, typer.Option("--workers", min=1, help="--ray: shards per run (default: cluster CPUs).")
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="--ray: shard tasks, or vLLM replicas (default: the cluster's CPUs, or GPUs for vLLM).",
+        ),
     ] = None,
 ) -> None:
     """Run a whole sweep (datasets x configs x models x prompt styles) from a plan file. Rerunning
