@@ -43,6 +43,10 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
     from equipoise.evaluators.store import StoreLockedError, connect
 
     try:
+        if read_only and store.is_dir():  # a folder of Parquet parts: read into an in-memory store
+            from equipoise.evaluators.parts import open_parts
+
+            return open_parts(store)
         return connect(store, read_only=read_only, memory_limit=memory_limit)
     except (FileNotFoundError, StoreLockedError, ValueError, duckdb.Error) as exc:
         _fail(str(exc).splitlines()[0])
@@ -582,8 +586,9 @@ def run_cmd(
     """Run a model on a dataset config into the store. Rerunning the same command resumes: only
     missing (item, sample) rows are requested. API keys come from the environment only."""
     from equipoise.evaluators.backends.base import Decoding
+    from equipoise.evaluators.executor import execute_run
     from equipoise.evaluators.ingest import DatasetVersionError, register
-    from equipoise.evaluators.runner import ParseFallback, run, run_self_eval
+    from equipoise.evaluators.planner import PlanError, RunSpec
 
     if prompt not in ("base", "cot", "safe", "confidence", "fewshot"):
         _fail(f"--prompt must be base, cot, safe, confidence or fewshot, got {prompt!r}")
@@ -598,72 +603,38 @@ def run_cmd(
         _fail("--other-judge only applies with --self-eval-of")
     if parse_fallback_model is not None and backend == "reference":
         _fail("--parse-fallback-model needs --backend openai or vllm")
+    if backend not in ("reference", "openai", "vllm"):
+        _fail(f"--backend must be reference, openai or vllm, got {backend!r}")
     folder = _dataset_folder(dataset)
+    spec = RunSpec(
+        dataset=dataset,
+        folder=str(folder),
+        config=config,
+        backend=backend,  # type: ignore[arg-type]
+        model=model,
+        style=prompt,
+        decoding=Decoding(
+            temperature=temperature, n=samples, max_tokens=max_tokens, seed=seed, thinking=thinking
+        ),
+        shots=shots,
+        pool=pool,
+        base_url=base_url,
+        concurrency=concurrency,
+        seed=seed,
+        limit=limit,
+        commit_every=commit_every,
+        parse_fallback_model=parse_fallback_model,
+    )
     con = _connect(store)
     try:
         try:
             loaded = register(con, folder, config, location=dataset)
-        except DatasetVersionError as exc:
+            outcome = execute_run(con, spec, loaded, self_eval_of=self_eval_of, other_judge=other_judge)
+        except (ValueError, DatasetVersionError, PlanError) as exc:
             _fail(str(exc))
-        be = _run_backend(backend, model, loaded, seed, base_url, concurrency)
-        fallback = None
-        if parse_fallback_model is not None:
-            fallback = ParseFallback(
-                _run_backend(backend, parse_fallback_model, loaded, seed, base_url, concurrency)
-            )
-        decoding = Decoding(
-            temperature=temperature, n=samples, max_tokens=max_tokens, seed=seed, thinking=thinking
-        )
-        try:
-            if self_eval_of is not None:
-                summary = run_self_eval(
-                    con,
-                    folder,
-                    self_eval_of,
-                    be,
-                    decoding=decoding,
-                    limit=limit,
-                    batch=commit_every,
-                    loaded=loaded,
-                    parse_fallback=fallback,
-                    allow_other_model=other_judge,
-                )
-            else:
-                summary = run(
-                    con,
-                    folder,
-                    config,
-                    be,
-                    style=prompt,
-                    decoding=decoding,
-                    limit=limit,
-                    loaded=loaded,
-                    batch=commit_every,
-                    pool_config=pool,
-                    shots=shots,
-                    parse_fallback=fallback,
-                )
-        except (ValueError, DatasetVersionError) as exc:
-            _fail(str(exc))
-        if self_eval_of is not None:
-            verdicts = dict(
-                con.execute(
-                    "SELECT coalesce(parsed_label, 'no verdict'), count(*) FROM predictions "
-                    "WHERE run_id = ? GROUP BY ALL ORDER BY ALL",
-                    [summary.run_id],
-                ).fetchall()
-            )
-        else:
-            acc = con.execute(
-                """SELECT avg(coalesce(p.parsed_label = i.target_label, false)::INT)
-                   FROM predictions p JOIN runs r USING (run_id)
-                   JOIN items i ON i.dataset_id = r.dataset_id AND i.config = r.config
-                    AND i.item_id = p.item_id
-                   WHERE p.run_id = ?""",
-                [summary.run_id],
-            ).fetchall()[0][0]
     finally:
         con.close()
+    summary = outcome.summary
     console.print(
         f"run {summary.run_id}: requested {summary.requested} item(s), wrote {summary.written} row(s), "
         f"{summary.skipped_existing} already stored"
@@ -671,7 +642,7 @@ def run_cmd(
     if self_eval_of is not None:
         console.print(
             f"self-evaluation of {self_eval_of}: "
-            + ", ".join(f"{k} {v}" for k, v in verdicts.items())
+            + ", ".join(f"{k} {v}" for k, v in outcome.verdicts.items())
             + (
                 f"; {summary.skipped_no_answer} answer(s) were errors, not judged"
                 if summary.skipped_no_answer
@@ -682,31 +653,239 @@ def run_cmd(
     console.print(
         "outcomes: "
         + ", ".join(f"{k} {v}" for k, v in summary.outcomes.items())
-        + (f"; accuracy {acc:.3f}" if acc is not None else "")
+        + (f"; accuracy {outcome.accuracy:.3f}" if outcome.accuracy is not None else "")
     )
 
 
-def _run_backend(
-    backend: str, model: str, loaded: Any, seed: int, base_url: str | None, concurrency: int
-) -> Any:
-    """The backend object `equipoise run` asked for (exits with one line on a bad name)."""
-    if backend == "reference":
-        from equipoise.evaluators.policies import ReferenceBackend
+# ---------------------------------------------------------------------------------------------
+# evaluation plans (a whole sweep in one command) and Parquet parts
+# ---------------------------------------------------------------------------------------------
+store_app = typer.Typer(help="Maintain prediction stores (merge Parquet parts).", no_args_is_help=True)
+app.add_typer(store_app, name="store")
 
+
+@app.command("eval")
+def eval_cmd(
+    plan_file: Annotated[
+        Path, typer.Argument(metavar="PLAN.yaml", help="The plan (see: equipoise schema plan).")
+    ],
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="List the runs and prediction counts; run nothing.")
+    ] = False,
+    shard: Annotated[
+        str | None,
+        typer.Option("--shard", metavar="I/N", help="Run only slice I of N (0-based), chosen by item key."),
+    ] = None,
+    parts: Annotated[
+        Path | None,
+        typer.Option(
+            "--parts",
+            metavar="DIR",
+            help="Write Parquet parts (store row layout) into DIR instead of the store; merge them "
+            "later with: equipoise store ingest DIR --store FILE.",
+        ),
+    ] = None,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Spread the sweep over the Ray cluster ray.init() finds (pip install 'equipoise\\[ray]'); "
+            "workers write parts (under --parts, or next to the store) and this process ingests them.",
+        ),
+    ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="--ray: shard tasks, or vLLM replicas (default: the cluster's CPUs, or GPUs for vLLM).",
+        ),
+    ] = None,
+) -> None:
+    """Run a whole sweep (datasets x configs x models x prompt styles) from a plan file. Rerunning
+    the same command resumes the sweep; complete runs are skipped."""
+    from equipoise.evaluators.executor import run_sweep, sweep_summary
+    from equipoise.evaluators.ingest import DatasetVersionError
+    from equipoise.evaluators.parts import open_parts, part_dirs
+    from equipoise.evaluators.planner import PlanError, Shard, expand, load_plan, plan_status
+
+    try:
+        plan = load_plan(plan_file)
+        sh = Shard.parse(shard) if shard else Shard()
+    except PlanError as exc:
+        _fail(str(exc))
+    if ray and shard:
+        _fail("--ray shards the sweep itself; leave out --shard")
+    if workers is not None and not ray:
+        _fail("--workers only applies with --ray")
+    folders = {d.ref: _dataset_folder(d.ref) for d in plan.datasets}
+    try:
+        specs = expand(plan, folders)
+    except (PlanError, DatasetVersionError) as exc:
+        _fail(str(exc))
+    if parts is not None and parts.exists() and not parts.is_dir():
+        _fail(f"--parts {parts}: exists and is not a folder")
+    if dry_run:
+        con = None
+        if parts is not None and part_dirs(parts):
+            con = _or_fail(lambda: open_parts(parts))
+        elif parts is None and plan.store.exists():
+            con = _connect(plan.store, read_only=True)
         try:
-            return ReferenceBackend(model, {loaded.item_id(r): r for r in loaded.records}, seed=seed)
-        except KeyError as exc:
-            _fail(str(exc.args[0]))
-    if backend == "openai":
-        from equipoise.evaluators.backends.openai_backend import OpenAIBackend
+            planned = _or_fail(lambda: plan_status(specs, con, sh))
+        finally:
+            if con is not None:
+                con.close()
+        _print_plan(planned, plan_file)
+        return
+    if ray:
+        from equipoise.evaluators.ray_exec import RayUnavailable, ShardFailed, run_sweep_ray
 
-        return OpenAIBackend(model, base_url=base_url, concurrency=concurrency)
-    if backend == "vllm":
-        from equipoise.evaluators.backends.vllm_backend import VLLMBackend
+        con = _connect(plan.store)
+        try:
+            try:
+                planned = plan_status(specs, con)
+                if sum(p.remaining for p in planned) == 0:
+                    _nothing_to_do(planned, plan.store)
+                else:
+                    run_sweep_ray(
+                        planned,
+                        con,
+                        parts or plan.store.with_name(plan.store.name + ".parts"),
+                        workers,
+                        console=err,
+                    )
+                summary = sweep_summary(con, [p.run_id for p in planned])
+            except (RayUnavailable, ShardFailed) as exc:
+                _fail(str(exc))
+            except (PlanError, ValueError, DatasetVersionError) as exc:
+                _fail(str(exc))
+        finally:
+            con.close()
+        _print_sweep(planned, summary, plan.store)
+        return
+    if parts is not None:
+        from equipoise.evaluators.executor import PartsSink
 
-        return VLLMBackend(model)
-    _fail(f"--backend must be reference, openai or vllm, got {backend!r}")
-    raise AssertionError  # unreachable: _fail exits
+        sink = _or_fail(lambda: PartsSink(parts, sh))
+        con, where = sink.con, parts
+    else:
+        sink, con, where = None, _connect(plan.store), plan.store
+    try:
+        try:
+            planned = plan_status(specs, con, sh)
+            if sum(p.remaining for p in planned) == 0:
+                _nothing_to_do(planned, where)
+            else:
+                run_sweep(planned, con, shard=sh, sink=sink, console=err)
+            summary = sweep_summary(con, [p.run_id for p in planned])
+        except (PlanError, ValueError, DatasetVersionError) as exc:
+            _fail(str(exc))
+    finally:
+        con.close()
+    _print_sweep(planned, summary, where)
+
+
+def _or_fail(fn: Any) -> Any:
+    """Call ``fn``; a user error (bad parts folder, bad plan) becomes one line and exit 2."""
+    from equipoise.evaluators.planner import PlanError
+
+    try:
+        return fn()
+    except (PlanError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc).splitlines()[0])
+
+
+def _nothing_to_do(planned: list[Any], where: Path) -> None:
+    console.print(
+        f"nothing to do: all {len(planned)} run(s) are complete in {where} "
+        f"({sum(p.done for p in planned):,} predictions stored)"
+    )
+
+
+def _print_plan(planned: list[Any], plan_file: Path) -> None:
+    t = Table(title=f"{plan_file}: {len(planned)} run(s) (dry run, nothing executed)")
+    for c in ("dataset", "config", "model", "prompt", "run_id", "predictions", "stored", "to do"):
+        t.add_column(c, justify="right" if c in ("predictions", "stored", "to do") else "left")
+    for p in planned:
+        s = p.spec
+        t.add_row(
+            s.dataset,
+            s.config,
+            s.model,
+            f"self_eval:{s.style}" if s.self_eval else s.style,
+            p.run_id,
+            str(p.total),
+            str(p.done),
+            str(p.remaining),
+        )
+    console.print(t)
+    console.print(
+        f"total: {sum(p.total for p in planned):,} predictions, {sum(p.done for p in planned):,} stored, "
+        f"{sum(p.remaining for p in planned):,} to do"
+    )
+
+
+def _print_sweep(planned: list[Any], summary: dict[str, tuple], where: Path) -> None:
+    t = Table(title=f"sweep summary ({where})")
+    cols = (
+        "dataset",
+        "config",
+        "model",
+        "prompt",
+        "run_id",
+        "rows",
+        "answered",
+        "abstained",
+        "unparsed",
+        "acc",
+    )
+    for c in cols:
+        t.add_column(c, justify="left" if c in cols[:5] else "right")
+    for p in planned:
+        s = p.spec
+        rows, ans, abst, unp, acc = summary.get(p.run_id, (0, 0, 0, 0, None))
+        t.add_row(
+            Path(s.dataset).name,
+            s.config,
+            s.model,
+            f"self_eval:{s.style}" if s.self_eval else s.style,
+            p.run_id,
+            str(rows),
+            str(ans),
+            str(abst),
+            str(unp),
+            "-" if acc is None else f"{acc:.3f}",
+        )
+    console.print(t)
+
+
+@store_app.command("ingest")
+def store_ingest(
+    parts: Annotated[Path, typer.Argument(metavar="DIR", help="Folder of Parquet parts.")],
+    store: Annotated[Path, typer.Option("--store", help="DuckDB store file (created).")] = Path(
+        "equipoise-work/store.duckdb"
+    ),
+) -> None:
+    """Merge a folder of Parquet parts into a store, idempotently: parts already merged add
+    nothing, and a part a killed worker left half-written (a hidden .tmp- folder) is ignored."""
+    from equipoise.evaluators.parts import ingest_parts, part_dirs
+
+    if not parts.is_dir():
+        _fail(f"{parts}: no such folder of parts")
+    if not part_dirs(parts):
+        _fail(f"{parts}: no Parquet parts here (write some with equipoise eval --parts)")
+    con = _connect(store)
+    try:
+        res = _or_fail(lambda: ingest_parts(con, parts))
+    finally:
+        con.close()
+    added = ", ".join(f"{k} {v}" for k, v in res.added.items() if v)
+    console.print(
+        f"ingested {res.parts} part(s) from {parts} into {store}: "
+        + (f"added {added}" if added else "nothing new (already ingested)")
+        + (f"; {res.replaced_errors} error row(s) replaced by answers" if res.replaced_errors else "")
+    )
 
 
 @app.command("import")
@@ -751,10 +930,11 @@ def import_cmd(
 
 @app.command()
 def schema(
-    name: Annotated[str, typer.Argument(help="prediction | item | case | scoring-system")],
+    name: Annotated[str, typer.Argument(help="prediction | item | case | scoring-system | plan")],
 ) -> None:
     """Print the JSON Schema of a record type (the import format is `prediction`)."""
     from equipoise.evaluators.importer import prediction_json_schema
+    from equipoise.evaluators.planner import plan_json_schema
     from equipoise.schemas.clindet import DeterminabilityCase
     from equipoise.schemas.items import MCQItem
     from equipoise.schemas.scoring import ScoringSystem
@@ -764,6 +944,7 @@ def schema(
         "item": MCQItem.model_json_schema,
         "case": DeterminabilityCase.model_json_schema,
         "scoring-system": ScoringSystem.model_json_schema,
+        "plan": plan_json_schema,
     }
     if name not in schemas:
         _fail(f"unknown schema '{name}'; known: {', '.join(schemas)}")
@@ -797,9 +978,10 @@ MemoryLimit = Annotated[
 
 @app.command()
 def metrics(
-    store: Annotated[Path, typer.Option("--store", help="DuckDB store file (opened read-only).")] = Path(
-        "equipoise-work/store.duckdb"
-    ),
+    store: Annotated[
+        Path,
+        typer.Option("--store", help="DuckDB store file (opened read-only), or a folder of Parquet parts."),
+    ] = Path("equipoise-work/store.duckdb"),
     metric: Annotated[
         list[str] | None, typer.Option("--metric", help="Metric name (repeatable; default: all).")
     ] = None,
@@ -937,9 +1119,9 @@ def report(
 @app.command()
 def sql(
     query: Annotated[str, typer.Argument(help="A read-only SQL query.")],
-    store: Annotated[Path, typer.Option("--store", help="DuckDB store file.")] = Path(
-        "equipoise-work/store.duckdb"
-    ),
+    store: Annotated[
+        Path, typer.Option("--store", help="DuckDB store file, or a folder of Parquet parts.")
+    ] = Path("equipoise-work/store.duckdb"),
     fmt: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
 ) -> None:
     """Run SQL over a prediction store through a read-only connection (writes are refused)."""

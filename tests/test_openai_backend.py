@@ -325,11 +325,50 @@ def test_malformed_payload_is_an_error_result(case, fake):
     assert res.attempts == 1 and len(f.requests) == 1
 
 
-def test_fewer_choices_than_n_is_an_error_not_a_short_result(fake):
-    fake.responder = lambda body: (200, completion_body([text_choice("A")]))
+def test_fewer_choices_than_n_asks_again_for_the_rest(fake):
+    # a server that clamps n: one choice per call, its text naming the call
+    fake.responder = lambda body: (200, completion_body([text_choice(f"seed {body['seed']} n {body['n']}")]))
     f = fake
-    res = run(backend(f.base_url), req(n=4))["r0"]
-    assert "1 choice(s) returned for n=4" in no_samples_error(res, "MalformedResponse")
+    res = run(backend(f.base_url), req(n=4, seed=7, temperature=0.8))["r0"]
+    assert res.error is None
+    assert [s.index for s in res.samples] == [0, 1, 2, 3]
+    assert [s.text for s in res.samples] == ["seed 7 n 4", "seed 8 n 3", "seed 9 n 2", "seed 10 n 1"]
+    assert [r["json"]["n"] for r in f.requests] == [4, 3, 2, 1]
+    assert res.attempts == 4
+
+
+def test_more_choices_than_n_is_malformed_and_a_failed_follow_up_stores_no_short_result(fake):
+    fake.responder = lambda body: (200, completion_body([text_choice("A"), text_choice("B")]))
+    f = fake
+    res = run(backend(f.base_url), req(n=1))["r0"]
+    assert "2 choice(s) returned for n=1" in no_samples_error(res, "MalformedResponse")
+    calls = iter([(200, completion_body([text_choice("A")])), (400, {"error": {"message": "bad"}})])
+    fake.responder = lambda body: next(calls)
+    res = run(backend(f.base_url), req(n=3))["r0"]
+    assert "HTTP 400" in no_samples_error(res, "BadRequestError")
+
+
+def test_endpoint_cap_is_shared_by_backends_on_one_server(fake):
+    import threading
+
+    probe = InFlight(lambda body: (200, completion("A")), delay=0.05)
+    fake.responder = probe
+    f = fake
+    a = backend(f.base_url, concurrency=4, endpoint_concurrency=3)
+    b = backend(f.base_url, concurrency=4, endpoint_concurrency=3)
+    out: dict[str, dict] = {}
+    threads = [
+        threading.Thread(
+            target=lambda n=n, be=be: out.update({n: run(be, *[req(f"{n}{i}") for i in range(12)])})
+        )
+        for n, be in (("a", a), ("b", b))
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert probe.total == 24 and all(r.error is None for d in out.values() for r in d.values())
+    assert 2 <= probe.max_seen <= 3  # parallel, but never more than the endpoint's cap
 
 
 def test_null_content_is_empty_text_and_minus_infinity_is_kept(fake):

@@ -167,13 +167,18 @@ class ReferenceBackend:
     name = "reference"
 
     def __init__(self, policy: str, records: dict[str, Record], seed: int = 0) -> None:
+        self.model = self.model_name(policy)
+        self.policy = ALIASES.get(policy, policy)
+        self.records = records
+        self.seed = seed
+
+    @staticmethod
+    def model_name(policy: str) -> str:
+        """The store's model name for a policy (planning needs it without building the backend)."""
         policy = ALIASES.get(policy, policy)
         if policy not in POLICIES:
             raise KeyError(f"unknown reference policy '{policy}'; known: {sorted(POLICIES)}")
-        self.policy = policy
-        self.model = f"reference:{policy}"
-        self.records = records
-        self.seed = seed
+        return f"reference:{policy}"
 
     def generate(self, requests: Iterable[GenerationRequest]) -> Iterator[GenerationResult]:
         fn = POLICIES[self.policy]

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 from rich.progress import Progress
@@ -290,6 +291,66 @@ def _image_of(record: object, folder: Path) -> str | None:
     return str(Path(folder) / image)
 
 
+@dataclass(frozen=True)
+class RunIdentity:
+    """Everything that names a decision run, computed without asking a backend anything: the
+    planner uses it to list runs and count what is stored (``--dry-run``), the runner to write."""
+
+    row: RunRow
+    selector: FewShotSelector | None
+
+    @property
+    def run_id(self) -> str:
+        return self.row.run_id
+
+
+def plan_run(
+    folder: Path,
+    loaded: LoadedConfig,
+    model: str,
+    backend_name: str,
+    style: str = "base",
+    decoding: Decoding | None = None,
+    pool_config: str | None = None,
+    shots: int = 4,
+    parse_fallback: ParseFallback | None = None,
+) -> RunIdentity:
+    """The run id and ``runs`` row of one decision run of ``model`` on ``loaded``."""
+    decoding = decoding or Decoding()
+    config = loaded.config
+    if not loaded.records:
+        raise ValueError(f"{folder}: config '{config}' has no items")
+    if style not in ("base", "cot", "safe") and loaded.suite == "clindet":
+        raise ValueError(f"prompt style '{style}' is for MCQ items; determinability uses base/cot/safe")
+    selector = None
+    if style == "fewshot":
+        pool_name = pool_config or POOL_FOR_VARIANT.get(config)
+        if pool_name is None:
+            raise ValueError(f"no few-shot pool known for config '{config}'; name one (--pool / pool_config)")
+        selector = FewShotSelector(read_config(folder, pool_name).records, k=shots)
+    _, tpl_id, tpl_sha = _messages(loaded.records[0], style, selector)
+    if selector is not None:  # the pool and k are part of what defines the run
+        tpl_sha = hashlib.sha256(f"{tpl_sha}|{pool_name}|{shots}".encode()).hexdigest()
+    extra: dict[str, object] = {"parse_fallback": parse_fallback.identity()} if parse_fallback else {}
+    rid = run_id_for(model, backend_name, style, tpl_sha, decoding, loaded.dataset_id, config, extra)
+    row = RunRow(
+        run_id=rid,
+        model=model,
+        backend=backend_name,
+        prompt_style=style,
+        prompt_template_id=tpl_id,
+        prompt_sha256=tpl_sha,
+        decoding_json=_decoding_json(decoding, extra),
+        dataset_id=loaded.dataset_id,
+        config=config,
+        package_version=__version__,
+    )
+    return RunIdentity(row, selector)
+
+
+BatchHook = Callable[[list[PredictionRow], list[OptionScoreRow]], None]
+
+
 def run(
     con: duckdb.DuckDBPyConnection,
     folder: Path,
@@ -304,44 +365,35 @@ def run(
     pool_config: str | None = None,
     shots: int = 4,
     parse_fallback: ParseFallback | None = None,
+    keep: Callable[[str], bool] | None = None,
+    on_rows: Callable[[int], None] | None = None,
+    on_batch: BatchHook | None = None,
 ) -> RunSummary:
-    """Run ``backend`` on every item of ``config`` (``decoding.n`` samples each), resumably."""
+    """Run ``backend`` on every item of ``config`` (``decoding.n`` samples each), resumably.
+
+    ``keep`` selects items by id (a shard of the sweep); ``on_rows`` is told how many prediction
+    rows each result produced (the sweep's overall progress); ``on_batch`` sees each batch just
+    before it is committed (a Parquet part writer keeps its own durable copy there)."""
     decoding = decoding or Decoding()
     loaded = loaded or register(con, folder, config)
     records = loaded.records[:limit] if limit else loaded.records
     if not records:
         raise ValueError(f"{folder}: config '{config}' has no items")
-    if style not in ("base", "cot", "safe") and loaded.suite == "clindet":
-        raise ValueError(f"prompt style '{style}' is for MCQ items; determinability uses base/cot/safe")
-    selector = None
-    if style == "fewshot":
-        pool_name = pool_config or POOL_FOR_VARIANT.get(config)
-        if pool_name is None:
-            raise ValueError(f"no few-shot pool known for config '{config}'; name one (--pool / pool_config)")
-        selector = FewShotSelector(read_config(folder, pool_name).records, k=shots)
-    _, tpl_id, tpl_sha = _messages(records[0], style, selector)
-    if selector is not None:  # the pool and k are part of what defines the run
-        tpl_sha = hashlib.sha256(f"{tpl_sha}|{pool_name}|{shots}".encode()).hexdigest()
-    extra: dict[str, object] = {"parse_fallback": parse_fallback.identity()} if parse_fallback else {}
-    rid = run_id_for(backend.model, backend.name, style, tpl_sha, decoding, loaded.dataset_id, config, extra)
-    insert(
-        con,
-        RunRow,
-        [
-            RunRow(
-                run_id=rid,
-                model=backend.model,
-                backend=backend.name,
-                prompt_style=style,
-                prompt_template_id=tpl_id,
-                prompt_sha256=tpl_sha,
-                decoding_json=_decoding_json(decoding, extra),
-                dataset_id=loaded.dataset_id,
-                config=config,
-                package_version=__version__,
-            )
-        ],
+    ident = plan_run(
+        folder,
+        loaded,
+        backend.model,
+        backend.name,
+        style,
+        decoding,
+        pool_config=pool_config,
+        shots=shots,
+        parse_fallback=parse_fallback,
     )
+    if keep is not None:
+        records = [r for r in records if keep(loaded.item_id(r))]
+    selector, rid = ident.selector, ident.run_id
+    insert(con, RunRow, [ident.row])
     _forget_errors(con, rid, [loaded.item_id(r) for r in records])
     have = dict(
         con.execute(
@@ -371,6 +423,8 @@ def run(
         progress=progress,
         parse_fallback=parse_fallback,
         verdict=False,
+        on_rows=on_rows,
+        on_batch=on_batch,
     )
     return RunSummary(rid, len(todo), written, len(records) - len(todo), _outcomes(con, rid))
 
@@ -403,6 +457,8 @@ def _drain(
     progress: bool,
     parse_fallback: ParseFallback | None,
     verdict: bool,
+    on_rows: Callable[[int], None] | None = None,
+    on_batch: BatchHook | None = None,
 ) -> int:
     """Turn results into rows and commit them ``batch`` rows at a time (each batch one transaction,
     after the parse fallback, if any, has read its unparsed replies). Returns rows written."""
@@ -414,6 +470,8 @@ def _drain(
         nonlocal written, buf_p, buf_s
         if parse_fallback is not None:
             buf_p = apply_parse_fallback(buf_p, spaces, parse_fallback)
+        if on_batch is not None and buf_p:
+            on_batch(buf_p, buf_s)
         insert_batch(con, [(PredictionRow, buf_p), (OptionScoreRow, buf_s)])
         written += len(buf_p)
         buf_p, buf_s = [], []
@@ -425,6 +483,8 @@ def _drain(
             buf_p.extend(p)
             buf_s.extend(s)
             bar.advance(task)
+            if on_rows is not None:
+                on_rows(len(p))
             if len(buf_p) >= batch:
                 flush()
         flush()
@@ -465,6 +525,45 @@ def judged_run(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, str]:
     return {"model": model, "backend": be, "style": style, "dataset_id": did, "config": cfg}
 
 
+def _self_eval_template(loaded: LoadedConfig) -> Any:
+    return get_template("clindet_self_evaluation" if loaded.suite == "clindet" else "mcq_self_evaluation")
+
+
+def plan_self_eval(
+    judged: dict[str, str],
+    decision_run_id: str,
+    loaded: LoadedConfig,
+    judge_backend: str,
+    judge_model: str,
+    decoding: Decoding,
+    parse_fallback: ParseFallback | None = None,
+) -> RunRow:
+    """The ``runs`` row of the self-evaluation of ``decision_run_id`` (whose model, backend,
+    style, dataset and config are ``judged``) by ``judge_model``; needs no store, so a sweep can
+    plan it before the decision run exists."""
+    tpl = _self_eval_template(loaded)
+    style = SELF_EVAL_PREFIX + judged["style"]
+    link = {"of_run": decision_run_id, "judge_backend": judge_backend, "judge_model": judge_model}
+    extra: dict[str, object] = {"self_eval": link}
+    if parse_fallback is not None:
+        extra["parse_fallback"] = parse_fallback.identity()
+    rid = run_id_for(
+        judge_model, judge_backend, style, tpl.sha256, decoding, loaded.dataset_id, loaded.config, extra
+    )
+    return RunRow(
+        run_id=rid,
+        model=judged["model"],  # the judged run's identity: this is how the metric links them
+        backend=judged["backend"],
+        prompt_style=style,
+        prompt_template_id=tpl.id,
+        prompt_sha256=tpl.sha256,
+        decoding_json=_decoding_json(decoding, extra),
+        dataset_id=loaded.dataset_id,
+        config=loaded.config,
+        package_version=__version__,
+    )
+
+
 def run_self_eval(
     con: duckdb.DuckDBPyConnection,
     folder: Path,
@@ -477,6 +576,9 @@ def run_self_eval(
     loaded: LoadedConfig | None = None,
     parse_fallback: ParseFallback | None = None,
     allow_other_model: bool = False,
+    keep: Callable[[str], bool] | None = None,
+    on_rows: Callable[[int], None] | None = None,
+    on_batch: BatchHook | None = None,
 ) -> RunSummary:
     """Ask ``backend`` to judge each sample-0 answer of ``decision_run_id`` in a fresh conversation.
 
@@ -502,7 +604,7 @@ def run_self_eval(
             f"run '{decision_run_id}' used {d['dataset_id'][:12]}/{d['config']}, "
             f"not {loaded.dataset_id[:12]}/{loaded.config}"
         )
-    tpl = get_template("clindet_self_evaluation" if loaded.suite == "clindet" else "mcq_self_evaluation")
+    tpl = _self_eval_template(loaded)
     answers = dict(
         con.execute(
             "SELECT item_id, CASE WHEN outcome = 'error' THEN NULL ELSE raw_output END FROM predictions "
@@ -517,36 +619,11 @@ def run_self_eval(
     judged = judged[:limit] if limit else judged
     if not judged:
         raise ValueError(f"run '{decision_run_id}' has no sample-0 predictions to judge")
-    style = SELF_EVAL_PREFIX + d["style"]
-    link = {
-        "of_run": decision_run_id,
-        "judge_backend": backend.name,
-        "judge_model": backend.model,
-    }
-    extra: dict[str, object] = {"self_eval": link}
-    if parse_fallback is not None:
-        extra["parse_fallback"] = parse_fallback.identity()
-    rid = run_id_for(
-        backend.model, backend.name, style, tpl.sha256, decoding, loaded.dataset_id, loaded.config, extra
-    )
-    insert(
-        con,
-        RunRow,
-        [
-            RunRow(
-                run_id=rid,
-                model=d["model"],  # the judged run's identity: this is how the metric links them
-                backend=d["backend"],
-                prompt_style=style,
-                prompt_template_id=tpl.id,
-                prompt_sha256=tpl.sha256,
-                decoding_json=_decoding_json(decoding, extra),
-                dataset_id=loaded.dataset_id,
-                config=loaded.config,
-                package_version=__version__,
-            )
-        ],
-    )
+    if keep is not None:
+        judged = [r for r in judged if keep(loaded.item_id(r))]
+    row = plan_self_eval(d, decision_run_id, loaded, backend.name, backend.model, decoding, parse_fallback)
+    rid = row.run_id
+    insert(con, RunRow, [row])
     _forget_errors(con, rid, [loaded.item_id(r) for r in judged])
     have = {
         x[0]
@@ -578,6 +655,8 @@ def run_self_eval(
         progress=progress,
         parse_fallback=parse_fallback,
         verdict=True,
+        on_rows=on_rows,
+        on_batch=on_batch,
     )
     skipped = len(judged) - len(no_answer) - len(todo)
     return RunSummary(rid, len(todo), written, skipped, _outcomes(con, rid), skipped_no_answer=len(no_answer))

@@ -224,6 +224,29 @@ _TABLES: dict[type[BaseModel], str] = {
     OptionScoreRow: "option_scores",
 }
 
+# table name -> row model: the one definition of a table's columns and Arrow types, shared by the
+# store and the Parquet parts that shards write (``evaluators/parts.py``)
+TABLE_MODELS: dict[str, type[BaseModel]] = {name: model for model, name in _TABLES.items()}
+
+
+def primary_key(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
+    """The primary-key columns of ``table``, read from the store itself (not restated elsewhere)."""
+    rows = con.execute(
+        "SELECT constraint_column_names FROM duckdb_constraints() "
+        "WHERE table_name = ? AND constraint_type = 'PRIMARY KEY'",
+        [table],
+    ).fetchall()
+    if not rows:
+        raise KeyError(f"table '{table}' has no primary key")
+    return list(rows[0][0])
+
+
+def connect_memory() -> duckdb.DuckDBPyConnection:
+    """A store in memory with the current schema (parts are read into it for metrics and SQL)."""
+    con = duckdb.connect(":memory:")
+    migrate(con)
+    return con
+
 
 def scalar(con: duckdb.DuckDBPyConnection, query: str, params: list | None = None) -> Any:
     """First column of the first row. Fetches everything: DuckDB 2.0 refuses new work on a

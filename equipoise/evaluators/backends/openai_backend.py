@@ -11,6 +11,18 @@ retries are switched off (``max_retries=0``) so every attempt is counted here an
 * not retried: every other status (400, 401, 403, 404, 422, ...) and malformed 200 responses (a
   server that sends a broken payload once will usually do it again).
 
+Concurrency is capped per backend object (``concurrency`` requests in flight) and, when
+``endpoint_concurrency`` is given, per endpoint: at most that many HTTP calls in flight to one base
+URL in this process, shared by every backend object that names the same endpoint and cap (a sweep's
+models on one server, a model and its parse-fallback helper), so a sweep does not multiply the load
+a server was sized for. Waiting out a backoff does not hold an endpoint slot.
+
+A server that returns fewer choices than ``n`` (some ignore or clamp ``n``) is asked again for the
+rest, ``n - received`` at a time, until the request has ``n`` samples; each follow-up gains at least
+one sample, so there are at most ``n`` calls. With a decoding seed, a follow-up uses ``seed +
+received`` so it does not return copies of the samples already received (still reproducible).
+More choices than ``n`` is a malformed response.
+
 After the last attempt the result carries ``error`` ("<Type>: <short message>") and no samples; a
 single bad request never raises out of :meth:`OpenAIBackend.generate`.
 
@@ -27,6 +39,7 @@ scrubbed from every error string.
 from __future__ import annotations
 
 import base64
+import contextlib
 import email.utils
 import json
 import math
@@ -66,6 +79,19 @@ class _Fatal(Exception):
     pass
 
 
+_ENDPOINT_SLOTS: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+_ENDPOINT_LOCK = threading.Lock()
+
+
+def endpoint_slots(base_url: str | None, cap: int) -> threading.BoundedSemaphore:
+    """The process-wide semaphore of one endpoint and cap (created on first use)."""
+    key = ((base_url or "https://api.openai.com/v1").rstrip("/"), cap)
+    with _ENDPOINT_LOCK:
+        if key not in _ENDPOINT_SLOTS:
+            _ENDPOINT_SLOTS[key] = threading.BoundedSemaphore(cap)
+        return _ENDPOINT_SLOTS[key]
+
+
 class OpenAIBackend:
     """Chat completions over an OpenAI-compatible HTTP API; see the module docstring for the policy."""
 
@@ -81,8 +107,9 @@ class OpenAIBackend:
         max_retries: int = 4,
         backoff_base: float = 0.5,
         backoff_max: float = 20.0,
+        endpoint_concurrency: int | None = None,
     ) -> None:
-        if concurrency < 1:
+        if concurrency < 1 or (endpoint_concurrency is not None and endpoint_concurrency < 1):
             raise ValueError("concurrency must be >= 1")
         if max_retries < 0:
             raise ValueError("max_retries must be >= 0")
@@ -96,6 +123,12 @@ class OpenAIBackend:
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
+        self.endpoint_concurrency = endpoint_concurrency
+        self._slots: Any = (
+            endpoint_slots(base_url, endpoint_concurrency)
+            if endpoint_concurrency is not None
+            else contextlib.nullcontext()
+        )
         self._client: Any = None
         self._client_lock = threading.Lock()
         self._secrets: tuple[str, ...] = ()
@@ -152,32 +185,57 @@ class OpenAIBackend:
 
     # -- one request --------------------------------------------------------------------------------
     def _run_one(self, req: GenerationRequest) -> GenerationResult:
+        """All ``n`` samples of one request: the first call, then follow-ups for missing choices."""
+        samples: list[Sample] = []
+        attempts = 0
+        latency_ms = 0.0
+        n = req.decoding.n
+        while len(samples) < n:
+            part, used, ms, error = self._call(req, n - len(samples), len(samples))
+            attempts += used
+            latency_ms += ms
+            if error is not None:
+                message, gave_up = error
+                return self._error(req, message, attempts, final=gave_up)
+            # re-index the follow-up's choices after those already received
+            samples += [s.model_copy(update={"index": len(samples) + i}) for i, s in enumerate(part)]
+        return GenerationResult(
+            request_id=req.request_id, samples=samples, latency_ms=latency_ms, attempts=attempts
+        )
+
+    def _call(
+        self, req: GenerationRequest, n: int, received: int
+    ) -> tuple[list[Sample], int, float, tuple[str, bool] | None]:
+        """One chat-completions request for ``n`` choices, retried per the policy; returns
+        (samples, attempts, latency of the successful attempt in ms, error or None); an error is
+        (message, whether retries were exhausted)."""
         attempts = 0
         try:
             kwargs = self._request_kwargs(req)
+            kwargs["n"] = n
+            if received and req.decoding.seed is not None:
+                kwargs["seed"] = req.decoding.seed + received
             client = self._get_client()
             while True:
                 attempts += 1
                 try:
                     t0 = time.perf_counter()
-                    body = self._attempt(client, kwargs)
+                    with self._slots:
+                        body = self._attempt(client, kwargs)
                     latency_ms = (time.perf_counter() - t0) * 1000.0
                 except _Retryable as exc:
                     if attempts > self.max_retries:
-                        return self._error(req, str(exc), attempts, final=True)
+                        return [], attempts, 0.0, (str(exc), True)
                     time.sleep(self._delay(attempts, exc.retry_after))
                     continue
                 try:
-                    samples = parse_completion(body, req.decoding.n)
+                    return parse_completion(body, n), attempts, latency_ms, None
                 except MalformedResponse as exc:
-                    return self._error(req, f"MalformedResponse: {exc}", attempts)
-                return GenerationResult(
-                    request_id=req.request_id, samples=samples, latency_ms=latency_ms, attempts=attempts
-                )
+                    return [], attempts, 0.0, (f"MalformedResponse: {exc}", False)
         except _Fatal as exc:
-            return self._error(req, str(exc), max(attempts, 1))
+            return [], max(attempts, 1), 0.0, (str(exc), False)
         except Exception as exc:  # a bug or an unforeseen SDK exception must not end the run
-            return self._error(req, f"{type(exc).__name__}: {exc}", max(attempts, 1))
+            return [], max(attempts, 1), 0.0, (f"{type(exc).__name__}: {exc}", False)
 
     def _attempt(self, client: Any, kwargs: dict[str, Any]) -> Any:
         """One HTTP call; returns the decoded JSON body or raises _Retryable / _Fatal / MalformedResponse."""
@@ -371,6 +429,8 @@ def _tokens(logprobs: Any, where: str) -> list[TokenLogprob] | None:
 def parse_completion(body: Any, n: int) -> list[Sample]:
     """Samples from a decoded chat-completion body; raises MalformedResponse naming the problem.
 
+    Between 1 and ``n`` choices are accepted (the backend asks again for missing ones).
+
     ``n_output_tokens``: with one choice, ``usage.completion_tokens`` when present, else the number of
     logprob tokens; with several choices (usage is a total), each choice's logprob token count, else
     None (a total is never split by guesswork). A ``null`` message content (e.g. a reasoning model that
@@ -389,10 +449,8 @@ def parse_completion(body: Any, n: int) -> list[Sample]:
         raise MalformedResponse(f"'choices' has type {type(choices).__name__}, expected a list")
     if not choices:
         raise MalformedResponse("'choices' is empty")
-    if len(choices) != n:
-        raise MalformedResponse(
-            f"{len(choices)} choice(s) returned for n={n} (the server may ignore the 'n' parameter)"
-        )
+    if len(choices) > n:
+        raise MalformedResponse(f"{len(choices)} choice(s) returned for n={n}")
     completion_tokens = None
     usage = body.get("usage")
     if isinstance(usage, dict) and _is_num(usage.get("completion_tokens")):
