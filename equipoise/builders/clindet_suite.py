@@ -52,7 +52,11 @@ def build_clindet(
     systems: list[str] | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Generate and write the suite; ``per_system`` cases per system for *each* condition."""
+    """Generate and write the suite; ``per_system`` cases per system for *each* condition.
+
+    The dataset is written into a hidden sibling of ``out`` and renamed into place when complete
+    (:func:`equipoise.builders.mcq_build.staged`), so ``out`` is the old dataset or the new one, never
+    half of one."""
     registry = all_systems()
     chosen = [registry[s] for s in (systems or sorted(registry))]
     cases: list[DeterminabilityCase] = []
@@ -126,7 +130,12 @@ def build_clindet(
         card_body=_card(chosen, configs, shortfalls, seed, per_system),
         tags=["medical", "abstention", "determinability", "clinical-scoring-systems", "equipoise"],
     )
-    return write_dataset(out, spec)
+    # the same staged write as the MCQ builds: a failure leaves no half-written ``out``
+    from equipoise.builders.mcq_build import staged
+
+    with staged(out) as tmp:
+        manifest = write_dataset(tmp, spec)
+    return manifest
 
 
 def _card(systems: list, configs: list[ConfigData], shortfalls: list[Shortfall], seed: int, per: int) -> str:
