@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from datasets import load_dataset
 from typer.testing import CliRunner
 
 from equipoise.builders import clindet_suite
@@ -20,6 +19,7 @@ from equipoise.builders.mcq_build import BUILD_REPORT, BuildError, build_mcq_sui
 from equipoise.builders.validate import validate_folder
 from equipoise.cli import app
 from equipoise.schemas.items import MCQItem
+from tests.conftest import load_local
 from tests.medabstain_release import ABSTAIN, TEST, VAL, write_release
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "sources"
@@ -32,8 +32,7 @@ def _text(result) -> str:
 
 
 def _split(folder: Path, config: str, split: str) -> list[MCQItem]:
-    ds = load_dataset(str(folder), config, split=split)
-    return [MCQItem.model_validate(r) for r in ds]
+    return [MCQItem.model_validate(r) for r in load_local(folder, config, split)]
 
 
 def test_release_validation_file_is_the_validation_split_of_na_and_a(tmp_path):
@@ -60,7 +59,7 @@ def test_release_validation_file_is_the_validation_split_of_na_and_a(tmp_path):
     # the release has no perturbed validation rows: NAP / AP get no validation split, and say why
     for name in ("NAP", "AP"):
         with pytest.raises(ValueError, match="validation"):
-            load_dataset(str(out), name, split="validation")
+            load_local(out, name, "validation")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["calibration_split"] == "validation"
     for name in ("NA", "A"):
