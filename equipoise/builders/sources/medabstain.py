@@ -286,9 +286,9 @@ def load_medabstain(spec: SourceSpec) -> Loaded:
     validation = add(val, "validation") if val is not None else {}
     if val is not None:
         notes.append(
-            f"the release has no perturbed validation rows, so the {len(validation)} validation items of "
-            f"{val.path.name} give NA and A a validation split, and NAP and AP one only for items that "
-            "--edits FILE or --context-removal llm perturb"
+            f"the release has no perturbed validation rows: of the {len(validation)} validation items of "
+            f"{val.path.name}, NAP and AP can hold only those that --edits FILE or --context-removal llm "
+            "perturb"
         )
     pool = pick("pool")
     train = add(pool, "train") if pool is not None else {}
