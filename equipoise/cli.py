@@ -278,6 +278,14 @@ def build(
     units: Annotated[
         str, typer.Option("--units", help="clindet: lab values in vignettes in 'us' or 'si' units.")
     ] = "us",
+    calibration_split: Annotated[
+        str,
+        typer.Option(
+            "--calibration-split",
+            help="Source split built into a 'validation' split of every evaluation config (calibration "
+            "set); 'auto': the source's 'validation' split if it has one, 'none': no such split.",
+        ),
+    ] = "auto",
 ) -> None:
     """Build a suite as a versioned Parquet dataset that `datasets.load_dataset(OUT, CONFIG)` reads.
 
@@ -288,11 +296,17 @@ def build(
         _fail(f"unknown suite '{suite}'; available: {', '.join(SUITES)}")
     if suite == "clindet":
         from equipoise.builders.clindet_suite import build_clindet
+        from equipoise.builders.sources.mini import SourceError as OutputError
 
         if units not in ("us", "si"):
             _fail(f"--units must be 'us' or 'si', got '{units}'")
         ids = [_system(name).id for name in system] if system else None
-        manifest = build_clindet(out, per_system=per_system, seed=seed, systems=ids, units=units)  # type: ignore[arg-type]
+        try:
+            manifest = build_clindet(out, per_system=per_system, seed=seed, systems=ids, units=units)  # type: ignore[arg-type]
+        except OutputError as exc:  # --out is not a folder a dataset may replace
+            _fail(str(exc))
+        except OSError as exc:  # an unwritable --out, a full disk: nothing was left behind
+            _fail(f"{out}: cannot write the dataset ({exc.strerror or exc})")
         _print_build_summary(out, manifest)
         return
     from equipoise.builders.mcq_build import build_mcq_suite
@@ -325,6 +339,7 @@ def build(
             abstain_position=abstain_position,
             pool_size=pool_size,
             pool_perturbed_share=pool_perturbed_share,
+            calibration_split=calibration_split,
         )
     except (SourceError, TransformError, KeyError) as exc:
         _fail(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
@@ -337,8 +352,12 @@ def _print_build_summary(out: Path, manifest: dict[str, Any]) -> None:
     t = Table(title=f"built {manifest['suite']} into {out}")
     t.add_column("config")
     t.add_column("rows", justify="right")
+    extra = sorted({s for c in manifest["configs"].values() for s in c.get("splits", {})})
+    for split in extra:
+        t.add_column(f"{split} rows", justify="right")
     for name, c in manifest["configs"].items():
-        t.add_row(name, str(c["rows"]))
+        own = c.get("splits", {})
+        t.add_row(name, str(c["rows"]), *(str(own[s]["rows"]) if s in own else "-" for s in extra))
     console.print(t)
     if manifest.get("shortfalls"):
         console.print(f"[yellow]{len(manifest['shortfalls'])} slice(s) not fully built[/] (see README.md)")

@@ -58,6 +58,10 @@ def build_clindet(
 
     ``units`` only changes how vignettes state lab values ('us': the definitions' units, e.g. BUN
     mg/dL; 'si': SI, e.g. urea mmol/L): findings, labels and every proof are identical.
+
+    The dataset is written into a hidden sibling of ``out`` and renamed into place when complete
+    (:func:`equipoise.builders.mcq_build.staged`), so ``out`` is the old dataset or the new one, never
+    half of one.
     """
     if units not in UNIT_CONVENTIONS:
         raise ValueError(f"units must be one of {UNIT_CONVENTIONS}, got {units!r}")
@@ -135,7 +139,12 @@ def build_clindet(
         card_body=_card(chosen, configs, shortfalls, seed, per_system, units),
         tags=["medical", "abstention", "determinability", "clinical-scoring-systems", "equipoise"],
     )
-    return write_dataset(out, spec)
+    # the same staged write as the MCQ builds: a failure leaves no half-written ``out``
+    from equipoise.builders.mcq_build import staged
+
+    with staged(out) as tmp:
+        manifest = write_dataset(tmp, spec)
+    return manifest
 
 
 _UNITS_TEXT = {

@@ -76,10 +76,22 @@ class ConfigData:
     # load_dataset(DIR, "AP", split="train") finds them where the datasets convention puts them,
     # without storing the rows twice.
     extra_splits: dict[str, str] = field(default_factory=dict)
+    # further splits with rows of their own: {split: rows}.  A calibration ('validation') split is
+    # built from other source items by the config's own transforms, so it is written as a file of
+    # this config (data/NAME/SPLIT-00000-of-00001.parquet) and hashed like the test file.
+    split_rows: dict[str, list[BaseModel]] = field(default_factory=dict)
 
     @property
     def path(self) -> str:
-        return f"data/{self.name}/test-00000-of-00001.parquet"
+        return self.split_path("test")
+
+    def split_path(self, split: str) -> str:
+        return f"data/{self.name}/{split}-00000-of-00001.parquet"
+
+    def all_split_paths(self) -> dict[str, str]:
+        """Every split of the config and its file (own files and those served from other configs)."""
+        own = {s: self.split_path(s) for s in self.split_rows}
+        return {"test": self.path, **dict(sorted({**own, **self.extra_splits}.items()))}
 
 
 @dataclass
@@ -115,10 +127,7 @@ def card_yaml(spec: DatasetSpec) -> str:
         "configs": [
             {
                 "config_name": c.name,
-                "data_files": [
-                    {"split": "test", "path": c.path},
-                    *({"split": s, "path": p} for s, p in sorted(c.extra_splits.items())),
-                ],
+                "data_files": [{"split": s, "path": p} for s, p in c.all_split_paths().items()],
                 **({"default": True} if c.default else {}),
             }
             for c in spec.configs
@@ -137,6 +146,14 @@ def write_dataset(out: Path, spec: DatasetSpec) -> dict[str, Any]:
         _write_parquet(table, out / c.path)
         files[c.path] = sha256_file(out / c.path)
         configs[c.name] = {"rows": table.num_rows, "path": c.path, "description": c.description}
+        if c.split_rows:  # only then, so builds without such splits keep their bytes
+            configs[c.name]["splits"] = {}
+            for split, rows in sorted(c.split_rows.items()):
+                rel = c.split_path(split)
+                split_table = to_table(c.model, rows)
+                _write_parquet(split_table, out / rel)
+                files[rel] = sha256_file(out / rel)
+                configs[c.name]["splits"][split] = {"rows": split_table.num_rows, "path": rel}
     readme = f"---\n{card_yaml(spec)}---\n\n{spec.card_body.strip()}\n"
     (out / "README.md").write_text(readme, encoding="utf-8")
     files["README.md"] = sha256_file(out / "README.md")
@@ -196,6 +213,16 @@ def _manifest_shape_problems(folder: Path, manifest: Any) -> list[str]:
         rows = info.get("rows") if isinstance(info, dict) else None
         if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
             problems.append(f"field 'configs.{name}.rows': {rows!r} is not a row count")
+        splits = info.get("splits", {}) if isinstance(info, dict) else {}
+        if not isinstance(splits, dict):
+            problems.append(f"field 'configs.{name}.splits': {splits!r} is not a mapping of splits")
+            continue
+        for split, sinfo in splits.items():
+            spath = sinfo.get("path") if isinstance(sinfo, dict) else None
+            if not isinstance(spath, str) or spath not in files:
+                problems.append(
+                    f"field 'configs.{name}.splits.{split}.path': {spath!r} is not a file listed in 'files'"
+                )
     for key in ("eval_configs", "pool_configs"):
         names = manifest.get(key)
         if names is not None and (not isinstance(names, list) or not set(names) <= set(configs)):

@@ -25,6 +25,7 @@ import os
 import shutil
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -74,6 +75,8 @@ SUMMARIES = {
 
 
 BUILD_REPORT = "build_report.json"
+AUTO = "auto"
+CALIBRATION = "validation"  # the split name the calibration rows are published under
 # MedAbstain's Appendix C pairing of pools and variants (the same as evaluators.fewshot's, which is
 # downstream of the builders and so not imported here)
 POOL_FOR_VARIANT = {"NA": "pool_NA", "A": "pool_A", "NAP": "pool_P-NA", "AP": "pool_P-RandAbst"}
@@ -147,8 +150,14 @@ def build_mcq_suite(
     abstain_position: str | None = None,
     pool_size: int | None = None,
     pool_perturbed_share: float = 0.5,
+    calibration_split: str | None = AUTO,
 ) -> dict[str, Any]:
     """Build ``suite`` into ``out`` and return its manifest.
+
+    ``calibration_split`` names a source split whose items become a ``validation`` split of every
+    evaluation config, built by the same transforms (a calibration set for conformal metrics):
+    ``"auto"`` takes the source's ``validation`` split when it has one that is neither the evaluated
+    nor the pool split, ``None`` builds none.
 
     Nothing is silently empty: an unknown split, an unknown config name or a requested config with no
     rows raises :class:`BuildError` before anything is written, naming the fix.  The dataset is
@@ -159,6 +168,8 @@ def build_mcq_suite(
     notes: list[str] = []
     n_source = 0
     splits: dict[str, int] = {}
+    cal_split: str | None = None
+    calibration: Calibration | None = None
     if suite == "calc-mcq":
         systems = list(all_systems().values())
         built = calc_mcq_items(systems, per_system, seed)
@@ -207,6 +218,7 @@ def build_mcq_suite(
                     splits,
                     "name one with --pool-split, or build without pools: --configs NA,A,NAP,AP",
                 )
+        cal_split = _calibration_split(calibration_split, splits, eval_split, pool_split, suite)
         if suite == "medabstain" and context_removal not in ("span", "llm"):
             raise BuildError(f"--context-removal {context_removal!r}: use span or llm")
         edit_map = dict(loaded.edits)
@@ -240,10 +252,25 @@ def build_mcq_suite(
         builder_version = TRANSFORM_VERSION
     result = _select(result, configs, suite)
     _refuse_empty(result)
+    if cal_split is not None:
+        calibration = build_calibration(suite, items, opts, result, cal_split)
+        notes.extend(calibration.notes)
     result.configs, images = collect_images(result.configs, image_roots(src))
     names = list(result.configs)
+    cal_rows: dict[str, list[MCQItem]] = {}
+    if calibration is not None:
+        # images of the calibration rows are collected like the test rows' (same content addresses)
+        cal_rows, cal_images = collect_images(calibration.configs, image_roots(src))
+        images = dict(sorted({**images, **cal_images}.items()))
     cfgs = [
-        ConfigData(name, MCQItem, result.configs[name], result.descriptions.get(name, ""), default=i == 0)
+        ConfigData(
+            name,
+            MCQItem,
+            result.configs[name],
+            result.descriptions.get(name, ""),
+            default=i == 0,
+            split_rows={CALIBRATION: cal_rows[name]} if cal_rows.get(name) else {},
+        )
         for i, name in enumerate(names)
     ]
     if suite == "medabstain":  # each pool is also the 'train' split of the variant it serves
@@ -256,7 +283,7 @@ def build_mcq_suite(
         name: dict(sorted(Counter(it.target.role for it in rows).items()))
         for name, rows in result.configs.items()
     }
-    report = _build_report(result, n_source, splits, eval_split, pool_split, suite, notes)
+    report = _build_report(result, n_source, splits, eval_split, pool_split, suite, notes, calibration)
     manifest_extra = {
         "suite": suite,
         "builder": "equipoise.builders.suites",
@@ -267,6 +294,7 @@ def build_mcq_suite(
         "context_removal": context_removal if suite == "medabstain" else None,
         "eval_split": eval_split if suite != "calc-mcq" else None,
         "pool_split": pool_split if suite == "medabstain" else None,
+        **({"calibration_split": cal_split} if cal_split is not None else {}),
         "eval_configs": result.eval_configs,
         "pool_configs": result.pool_configs,
         "target_roles": counts,
@@ -296,6 +324,142 @@ def build_mcq_suite(
         (tmp / BUILD_REPORT).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         manifest = add_manifest_files(tmp, [*sorted(images), BUILD_REPORT])
     return manifest
+
+
+def _calibration_split(
+    asked: str | None, splits: dict[str, int], eval_split: str, pool_split: str, suite: str
+) -> str | None:
+    """The source split to build the ``validation`` split from, or None.
+
+    ``auto`` takes ``validation`` when the source has it and it is neither evaluated nor the pool
+    split (so builds from sources without one keep their bytes); a named split must exist and be
+    distinct from both, since calibrating on the evaluated items would leak."""
+    used = {eval_split: "--eval-split"}
+    if suite == "medabstain":
+        used.setdefault(pool_split, "--pool-split")
+    if asked is None or asked.lower() in ("", "none"):
+        return None
+    if asked == AUTO:
+        return CALIBRATION if CALIBRATION in splits and CALIBRATION not in used else None
+    _check_split("--calibration-split", asked, splits, "name one of them, or --calibration-split none")
+    if asked in used:
+        raise BuildError(
+            f"--calibration-split {asked!r}: is also the {used[asked]} split; calibrating on those items "
+            "would leak them, so name another split or --calibration-split none"
+        )
+    return asked
+
+
+@dataclass
+class Calibration:
+    """The ``validation`` rows of each evaluation config and what became of each calibration item."""
+
+    split: str
+    items_in: int
+    configs: dict[str, list[MCQItem]]  # only configs with rows
+    counts: dict[str, dict[str, int]]
+    dropped: list[dict[str, str]]
+    not_built: dict[str, str]  # config -> why it has no validation split
+    notes: list[str] = field(default_factory=list)
+
+    def report(self) -> dict[str, Any]:
+        return {
+            "source_split": self.split,
+            "split": CALIBRATION,
+            "source_items": self.items_in,
+            "configs": self.counts,
+            "dropped": self.dropped,
+            "not_built": dict(sorted(self.not_built.items())),
+        }
+
+
+def build_calibration(
+    suite: str, items: list[MCQItem], opts: SuiteOptions, result: SuiteResult, split: str
+) -> Calibration:
+    """Build the evaluation configs of ``result`` once more from the items of ``split``, by the same
+    recipe and options (the same transforms, seed, edits, abstain text and position).
+
+    A calibration item whose id or source question is also an evaluated or pool item is left out
+    (with its reason), so the calibration set never leaks into what it calibrates.  A config that
+    gets no rows (MedAbstain's NAP/AP when no calibration item has an edit or a key fact) gets no
+    ``validation`` split: that is said in the notes, the card and the build report, and is no error,
+    since the test split is what was asked to be complete."""
+    from equipoise.builders.validate import source_question
+
+    taken = {opts.eval_split, *([opts.pool_split] if suite == "medabstain" else [])}
+    other = [i for i in items if i.source.split in taken]
+    taken_ids = {i.base_id for i in other}
+    taken_q = {source_question(i) for i in other}
+    cal = [i for i in items if i.source.split == split]
+    leaked = [i for i in cal if i.base_id in taken_ids or source_question(i) in taken_q]
+    leaked_ids = {i.base_id for i in leaked}
+    clean = [i for i in cal if i.base_id not in leaked_ids]
+    names = list(result.eval_configs)
+    cres = MCQ_SUITES[suite](clean, replace(opts, eval_split=split, configs=names, pool_size=None))
+    counts: dict[str, dict[str, int]] = {}
+    dropped = [
+        {"config": name, "item": i.base_id, "reason": f"also a {'/'.join(sorted(taken))} item (leakage)"}
+        for name in names
+        for i in leaked
+    ]
+    configs: dict[str, list[MCQItem]] = {}
+    not_built: dict[str, str] = {}
+    for name in names:
+        rows = cres.configs.get(name, [])
+        drops = [d for d in cres.dropped if d["config"] == name]
+        dropped += drops
+        if rows:
+            configs[name] = rows
+        elif name in cres.empty_reasons:
+            not_built[name] = cres.empty_reasons[name][0]
+        else:
+            not_built[name] = f"0 of {len(clean)} {split!r} items could be built for {name}"
+        counts[name] = {
+            "items_in": len(cal),
+            "items_out": len({r.base_id for r in rows}),
+            "rows": len(rows),
+            "dropped": len(cal) - len({r.base_id for r in rows}),
+        }
+    notes = []
+    built = [n for n in names if n in configs]
+    if built:
+        notes.append(
+            f"calibration: the source's {split!r} split ({len(cal)} items) is the `{CALIBRATION}` split of "
+            f"{', '.join(built)}"
+        )
+    groups: dict[str, list[str]] = {}
+    for name, why in not_built.items():
+        groups.setdefault(why, []).append(name)
+    for why, cs in groups.items():
+        notes.append(f"calibration: {', '.join(cs)} have no `{CALIBRATION}` split: {why}")
+    if leaked:
+        notes.append(
+            f"calibration: {len(leaked)} {split!r} item(s) are also evaluated or pool items and were left out"
+        )
+    return Calibration(split, len(cal), configs, counts, dropped, not_built, notes)
+
+
+def _calibration_text(cal: dict[str, Any]) -> list[str]:
+    """The card's statement of the calibration split (the same numbers as build_report.json)."""
+    lines = [
+        f"### `{CALIBRATION}` split (calibration set)",
+        "",
+        f"{cal['source_items']} items of the source's `{cal['source_split']}` split, transformed exactly as "
+        f'the `test` split, for calibrating conformal metrics (`split="{CALIBRATION}"`); none is an '
+        "evaluated or pool item.",
+        "",
+        "| config | items in | items out | rows | dropped |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, c in cal["configs"].items():
+        lines.append(f"| `{name}` | {c['items_in']} | {c['items_out']} | {c['rows']} | {c['dropped']} |")
+    groups: dict[str, list[str]] = {}
+    for name in cal["configs"]:  # the suite's order
+        if name in cal["not_built"]:
+            groups.setdefault(cal["not_built"][name], []).append(f"`{name}`")
+    for why, names in groups.items():
+        lines += ["", f"{', '.join(names)}: no `{CALIBRATION}` split, since {why}."]
+    return lines
 
 
 def _select(result: SuiteResult, configs: list[str] | None, suite: str) -> SuiteResult:
@@ -344,9 +508,11 @@ def _build_report(
     pool_split: str,
     suite: str,
     notes: list[str],
+    calibration: Calibration | None = None,
 ) -> dict[str, Any]:
     """Items in and out per config and every dropped item with its reason (written next to the
-    manifest and hashed by it, so the counts the card states can be checked)."""
+    manifest and hashed by it, so the counts the card states can be checked); with a calibration
+    split, the same for its ``validation`` rows under ``calibration``."""
     per_config = {}
     for name, rows in result.configs.items():
         n_in = result.items_in.get(name)
@@ -356,7 +522,11 @@ def _build_report(
             "rows": len(rows),
             "dropped": sum(d["config"] == name for d in result.dropped),
         }
+    cal_report: dict[str, Any] = {}
+    if calibration is not None:
+        cal_report = {"calibration": calibration.report()}
     return {
+        **cal_report,
         "suite": suite,
         "source_items": n_source,
         "source_splits": dict(sorted(splits.items())),
@@ -566,6 +736,8 @@ def _counts_text(report: dict[str, Any]) -> str:
         n_in = "-" if c["items_in"] is None else c["items_in"]
         lines.append(f"| `{name}` | {n_in} | {c['items_out']} | {c['rows']} | {c['dropped']} |")
     lines += ["", f"Each dropped item is listed with its reason in `{BUILD_REPORT}`."]
+    if "calibration" in report:
+        lines += ["", *_calibration_text(report["calibration"])]
     for note in report["notes"]:
         lines += ["", f"Note: {note}"]
     return "\n".join(lines) + "\n\n"

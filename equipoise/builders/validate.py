@@ -6,7 +6,8 @@ Checks, in order, each reported with the file it concerns:
    label validity), then re-validate as the suite's pydantic record, naming file and row;
 3. row counts equal the manifest's;
 4. suite-specific: ClinDet labels are re-proved by the engine; MCQ few-shot pools share no base item
-   and no question text with the evaluation configs (leakage).
+   and no question text with the evaluation configs, nor does a config's calibration ``validation``
+   split with the test or pool rows (leakage).
 
 Images (VQA suites) are files of the dataset like the Parquet configs: check 1 covers a missing or
 altered image; in addition a file under ``images/`` that the manifest does not list is reported (it
@@ -134,14 +135,38 @@ def _dangling_images(path: Path, items: list[MCQItem], listed: dict[str, str]) -
     return bad
 
 
-def _norm_q(q: str) -> str:
+def norm_question(q: str) -> str:
     return re.sub(r"\W+", " ", q.lower()).strip()
 
 
-def _source_question(item: MCQItem) -> str:
+def source_question(item: MCQItem) -> str:
     """The question as it was before any edit (normalised): what leakage must compare."""
     original = next((s.original_question for s in item.provenance if s.original_question), None)
-    return _norm_q(original or item.question)
+    return norm_question(original or item.question)
+
+
+def _split_leakage(
+    folder: Path, manifest: dict, loaded: dict[str, list], evals: list[str], pools: list[str]
+) -> list[str]:
+    """Rows of a config's own extra split (the calibration 'validation' split) that are also an
+    evaluated (test) or pool item, by base id or by source question: a calibration set that contains
+    evaluated items would make conformal coverage look better than it is."""
+    other = [i for n in (*evals, *pools) for i in loaded.get(n, [])]
+    ids = {i.base_id for i in other}
+    questions = {source_question(i) for i in other}
+    problems = []
+    for key, rows in loaded.items():
+        if "/" not in key:
+            continue
+        name, split = key.split("/", 1)
+        path = folder / manifest["configs"][name]["splits"][split]["path"]
+        bad = [it for it in rows if it.base_id in ids or source_question(it) in questions]
+        problems += [
+            f"{path}: {split} item {it.item_id} leaks into the test or pool configs" for it in bad[:5]
+        ]
+        if len(bad) > 5:
+            problems.append(f"{path}: {len(bad) - 5} more {split} item(s) leak")
+    return problems
 
 
 def image_file_problems(folder: Path, listed: dict[str, str]) -> list[str]:
@@ -180,20 +205,32 @@ def validate_folder(folder: Path, reprove: bool = True) -> ValidationReport:
     rep.suite = manifest.get("suite", "?")
     model = DeterminabilityCase if rep.suite == "clindet" else MCQItem
     loaded: dict[str, list] = {}
-    for name, info in manifest["configs"].items():
+    # every file with rows: (config, split, its manifest entry); own extra splits (a calibration
+    # 'validation' split) are checked like the test file, and keyed 'CONFIG/SPLIT' in ``loaded``
+    entries = [
+        (name, split, sinfo)
+        for name, info in manifest["configs"].items()
+        for split, sinfo in [("test", info), *sorted((info.get("splits") or {}).items())]
+    ]
+    for name, split, info in entries:
+        key = name if split == "test" else f"{name}/{split}"
         path = folder / info["path"]
         try:
             rows = pq.read_table(path).to_pylist()
         except Exception as exc:  # pyarrow raises several types for corrupt files
             rep.problems.append(f"{path}: unreadable Parquet ({exc})")
             continue
-        rep.rows[name] = len(rows)
+        rep.rows[key] = len(rows)
         if len(rows) != info["rows"]:
             rep.problems.append(f"{path}: {len(rows)} rows, manifest says {info['rows']}")
         if name in ("explanation", "prompts"):
             continue
         if not rows and model is MCQItem:  # say so; the frame check would trip over all-null types
-            rep.problems.append(f"{path}: config '{name}' has 0 rows (an empty config is never published)")
+            rep.problems.append(
+                f"{path}: config '{name}' split '{split}' has 0 rows (an empty config is never published)"
+                if split != "test"
+                else f"{path}: config '{name}' has 0 rows (an empty config is never published)"
+            )
             continue
         frame = _case_frame(rows) if model is DeterminabilityCase else _mcq_frame(rows)
         try:
@@ -210,7 +247,7 @@ def validate_folder(folder: Path, reprove: bool = True) -> ValidationReport:
                 e = exc.errors()[0]
                 rep.problems.append(f"{path}: row {i}: field '{'.'.join(map(str, e['loc']))}': {e['msg']}")
                 break
-        loaded[name] = objs
+        loaded[key] = objs
         if model is MCQItem:
             rep.problems.extend(_dangling_images(path, objs, listed))
     if rep.problems:
@@ -234,16 +271,20 @@ def validate_folder(folder: Path, reprove: bool = True) -> ValidationReport:
             rep.checks.append(f"every label re-proved by the engine ({len(loaded.get('all', []))} cases)")
     if model is MCQItem:
         pools = manifest.get("pool_configs") or []
-        evals = manifest.get("eval_configs") or [n for n in loaded if n not in pools]
+        evals = manifest.get("eval_configs") or [n for n in loaded if n not in pools and "/" not in n]
         eval_ids = {i.base_id for n in evals for i in loaded.get(n, [])}
-        eval_q = {_source_question(i) for n in evals for i in loaded.get(n, [])}
+        eval_q = {source_question(i) for n in evals for i in loaded.get(n, [])}
         for p in pools:
             for it in loaded.get(p, []):
-                if it.base_id in eval_ids or _source_question(it) in eval_q:
+                if it.base_id in eval_ids or source_question(it) in eval_q:
                     rep.problems.append(
                         f"{folder / manifest['configs'][p]['path']}: pool item {it.item_id} leaks into "
                         f"evaluation configs"
                     )
         if pools and not rep.problems:
             rep.checks.append(f"no leakage between pools {pools} and evaluation configs")
+        rep.problems.extend(_split_leakage(folder, manifest, loaded, evals, pools))
+        extra = [k for k in loaded if "/" in k]
+        if extra and not rep.problems:
+            rep.checks.append(f"no leakage between {', '.join(extra)} and the test or pool rows")
     return rep

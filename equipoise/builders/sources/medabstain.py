@@ -25,7 +25,10 @@ How it maps (``--source medabstain:DIR_OR_FILE``):
   release's own AP text (its perturbed ``randabst`` file) differs from its NAP text for some items;
   this build does not use it, so NAP and AP differ in exactly one factor, and the count of such items
   is stated in the card;
-- the validation file becomes the ``validation`` split (a calibration set: ``--eval-split validation``);
+- the validation file becomes the source's ``validation`` split, which a build publishes as the
+  ``validation`` split of NA and A (a calibration set for conformal metrics; the abstain option at
+  the letter of the release's ``val_*_randabst`` file).  The release has no perturbed validation rows,
+  so NAP and AP get a ``validation`` split only for items that ``--edits`` or an LLM removal perturbs;
 - the pool files become the ``train`` split, and the perturbed rows of the blended pool become edits
   of those items.  Copies of the release often lack the pool files: the build then goes on without
   pools and says so.
@@ -280,8 +283,13 @@ def load_medabstain(spec: SourceSpec) -> Loaded:
             f"the test items were taken from {pert.path.name} ('original_question'); no plain test file"
         )
     val = pick("val")
+    validation = add(val, "validation") if val is not None else {}
     if val is not None:
-        add(val, "validation")
+        notes.append(
+            f"the release has no perturbed validation rows: of the {len(validation)} validation items of "
+            f"{val.path.name}, NAP and AP can hold only those that --edits FILE or --context-removal llm "
+            "perturb"
+        )
     pool = pick("pool")
     train = add(pool, "train") if pool is not None else {}
     if pool is None:
@@ -292,26 +300,33 @@ def load_medabstain(spec: SourceSpec) -> Loaded:
     if not test and val is None and pool is None:
         raise SourceError(f"{spec.location}: no test, validation or pool file of the release was found")
 
-    # the release's abstain option: its letter per test item, from the plain randabst file
+    # the release's abstain option: its letter per test (validation) item, from the plain (val)
+    # randabst file
     positions: dict[str, int] = {}
     abst = abst_file("plain")
-    if abst is not None:
-        for n, row in abst.rows:
-            base = f"medabstain-test-{row.id}"
-            if base not in test:
+    for af, split, of_items, of_name in (
+        (abst, "test", test, _plain_name(plain)),
+        (abst_file("val") if val is not None else None, "validation", validation, _plain_name(val)),
+    ):
+        if af is None:
+            continue
+        for n, row in af.rows:
+            base = f"medabstain-{split}-{row.id}"
+            if base not in of_items:
                 _bad(
-                    f"{abst.path}: row {n}: field 'id': {row.id!r} is not a test item of "
-                    f"{_plain_name(plain)}",
+                    f"{af.path}: row {n}: field 'id': {row.id!r} is not a {split} item of {of_name}",
                     bad,
                     skip,
                 )
                 continue
-            texts, _, pos = _options(abst, n, row)
+            texts, _, pos = _options(af, n, row)
             if pos is None:
-                _bad(f"{abst.path}: row {n}: field 'choices': no '{RELEASE_ABSTAIN_TEXT}' choice", bad, skip)
+                _bad(f"{af.path}: row {n}: field 'choices': no '{RELEASE_ABSTAIN_TEXT}' choice", bad, skip)
                 continue
-            if texts != [o.text for o in test[base].options]:
-                _bad(f"{abst.path}: row {n}: field 'choices': differ from the test item's choices", bad, skip)
+            if texts != [o.text for o in of_items[base].options]:
+                _bad(
+                    f"{af.path}: row {n}: field 'choices': differ from the {split} item's choices", bad, skip
+                )
                 continue
             positions[base] = pos
 
