@@ -71,18 +71,22 @@ def comparison_value(inp: NumericInput, value: float, unit: str | None) -> float
     return float(exact.quantize(Decimal(1).scaleb(-reporting_decimals(inp)), rounding=ROUND_HALF_UP))
 
 
+def holders_of(system: ScoringSystem, item: object, input_id: str) -> list:
+    """The bands or rule atoms of one item that bound ``input_id``."""
+    if isinstance(item, NumericItem) and item.input == input_id:
+        return list(item.bands)
+    if isinstance(item, RuleItem):
+        return [a for c in item.cases for a in iter_atoms(c.when) if a.input == input_id]
+    return []
+
+
 def definition_bounds(system: ScoringSystem, input_id: str) -> set[float]:
     """Every bound on one numeric input, in the input's unit, read from the items directly."""
     inp = system.input(input_id)
     assert isinstance(inp, NumericInput)
     out: set[float] = set()
     for item in system.items:
-        holders = []
-        if isinstance(item, NumericItem) and item.input == input_id:
-            holders = list(item.bands)
-        elif isinstance(item, RuleItem):
-            holders = [a for c in item.cases for a in iter_atoms(c.when) if a.input == input_id]
-        for h in holders:
+        for h in holders_of(system, item, input_id):
             published = (h.ge, h.gt, h.le, h.lt)
             out.update(comparison_value(inp, v, h.unit) for v in published if v is not None)
     return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 from typer.testing import CliRunner
@@ -459,3 +460,65 @@ def test_systems_show_lists_published_cutoffs_with_unit_and_source():
     row = next(ln for ln in res.output.splitlines() if "a_renal" in ln)
     assert "≥ 200" in row and "µmol/L" in row and "pisters2010" in row
     assert "≥ 2.26 mg/dL" in row  # the comparison value in the finding's unit, next to the published one
+
+
+def _hand_to_input_unit(inp: NumericInput, x: Decimal, unit: str) -> float:
+    """A finding in another unit as the rule reads it, by hand: hand factor, then half up."""
+    if inp.quantity == "temperature":
+        exact = (x - 32) * 5 / 9  # °F -> °C
+    else:
+        exact = x * bruteforce.FACTORS[(inp.quantity, unit, inp.unit)]
+    step = Decimal(1).scaleb(-bruteforce.reporting_decimals(inp))
+    return float(exact.quantize(step, rounding=ROUND_HALF_UP))
+
+
+def _other_unit(inp: NumericInput) -> str | None:
+    r = inp.si or inp.us
+    return None if r is None else r.unit
+
+
+@pytest.mark.parametrize("system_id", SYSTEM_IDS)
+def test_findings_in_other_units_score_like_their_hand_conversion(system_id):
+    """Brute force over findings given in the other convention's unit: each published cut-off in
+    that unit and values a hundredth, a tenth and a few reporting steps either side of it, plus
+    random values across the range, scored through `evaluate`'s parsing path, against the point
+    table (`score_values`) applied to the hand-converted, hand-rounded value."""
+    from equipoise.scoring_systems.engine import score_values
+
+    system = SYSTEMS[system_id]
+    rng = random.Random(f"units-{system_id}")
+    contexts = [{i.id: random_value(i, rng) for i in system.inputs} for _ in range(3)]
+    for inp in system.inputs:
+        if not isinstance(inp, NumericInput) or (unit := _other_unit(inp)) is None:
+            continue
+        factor = None if inp.quantity == "temperature" else bruteforce.FACTORS[(inp.quantity, unit, inp.unit)]
+
+        def to_x(y: float, factor: Decimal | None = factor) -> Decimal:
+            return Decimal(str(y)) * 9 / 5 + 32 if factor is None else Decimal(str(y)) / factor
+
+        lo, hi = to_x(inp.min), to_x(inp.max)
+        anchors = [to_x(b) for b in bruteforce.definition_bounds(system, inp.id)]
+        anchors += [
+            Decimal(str(v))
+            for item in system.items
+            for h in bruteforce.holders_of(system, item, inp.id)
+            if h.unit is not None and h.unit != inp.unit
+            for v in (h.ge, h.gt, h.le, h.lt)
+            if v is not None
+        ]
+        xs = {
+            round(a + d, 4)
+            for a in anchors
+            for d in map(Decimal, ("0", "0.01", "-0.01", "0.1", "-0.1", "1", "-1"))
+        }
+        xs |= {Decimal(f"{rng.uniform(float(lo), float(hi)):.2f}") for _ in range(60)}
+        n = 0
+        for x in sorted(xs):
+            y = _hand_to_input_unit(inp, x, unit)
+            if not inp.min <= y <= inp.max:
+                continue
+            for ctx in contexts:
+                got = evaluate(system, {**ctx, inp.id: f"{x} {unit}"}).total
+                assert got == score_values(system, {**ctx, inp.id: y}), (system_id, inp.id, f"{x} {unit}", y)
+                n += 1
+        assert n > 0
