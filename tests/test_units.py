@@ -141,6 +141,13 @@ def test_schema_comparison_values_equal_the_hand_computed_ones(system_id):
         assert h.bounds() == hand, (system_id, where)
 
 
+def test_reporting_precision_cannot_be_coarser_than_the_step():
+    bun = SYSTEMS["glasgow_blatchford"].input("bun").model_dump()
+    assert NumericInput(**{**bun, "reported_decimals": 1}).precision == 1
+    with pytest.raises(ValueError, match=r"reported_decimals 0 of input 'bun' is coarser than its step 0\.1"):
+        NumericInput(**{**bun, "step": 0.1, "reported_decimals": 0})
+
+
 def test_reporting_precision_is_declared_or_the_step():
     gbs, hb = SYSTEMS["glasgow_blatchford"], SYSTEMS["has_bled"]
     assert gbs.input("bun").precision == 1 and gbs.input("bun").decimals == 0  # grid stays whole mg/dL

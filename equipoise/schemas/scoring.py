@@ -163,6 +163,12 @@ class NumericInput(_InputBase):
         for p in self.phrases:
             if "{value}" not in p:
                 raise ValueError(f"phrase {p!r} has no '{{value}}' placeholder")
+        if self.reported_decimals is not None and self.reported_decimals < self.decimals:
+            # a grid value finer than the reporting precision could not be a reported value
+            raise ValueError(
+                f"reported_decimals {self.reported_decimals} of input '{self.id}' is coarser than "
+                f"its step {self.step:g}"
+            )
         for name, r in (("si", self.si), ("us", self.us)):
             if r is not None:
                 try:
