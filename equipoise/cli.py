@@ -130,8 +130,8 @@ def systems_show(
     console.print(t)
     from equipoise.schemas.scoring import published_cutoffs
 
-    t = Table(title="published cut-offs (as the source states them)")
-    for col in ("where", "bounds", "unit", "source"):
+    t = Table(title="published cut-offs (as the source states them; 'compared as': in the finding's unit)")
+    for col in ("where", "bounds", "unit", "compared as", "source"):
         t.add_column(col)
     for row in published_cutoffs(s):
         t.add_row(*row)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import math
 import random
+from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
 from typer.testing import CliRunner
 
 from equipoise.cli import app
 from equipoise.schemas.scoring import Atom, Band, NumericInput, numeric_bound_holders
-from equipoise.schemas.units import UnitError, convert, parse_value
+from equipoise.schemas.units import UnitError, convert, parse_value, to_precision
 from equipoise.scoring_systems.engine import FindingError, compile_system, evaluate, item_points
 from tests import bruteforce
 from tests.conftest import SYSTEM_IDS, SYSTEMS, random_value
@@ -36,7 +37,7 @@ GBS_CASE = {
 HAS_BLED_CASE = {
     "age": 60,
     "sbp": 130,
-    "creatinine": 2.27,
+    "creatinine": 2.26,
     "renal_replacement": False,
     "chronic_liver_disease": False,
     "bilirubin": 0.8,
@@ -55,8 +56,8 @@ HAS_BLED_CASE = {
 @pytest.mark.parametrize(
     ("value", "src", "dst", "quantity", "expect"),
     [
-        (6.5, "mmol/L", "mg/dL", "urea", 6.5 * 28.0 / 10),  # urea nitrogen, 2 N per urea
-        (18.2, "mg/dL", "mmol/L", "urea", 18.2 * 10 / 28.0),
+        (6.5, "mmol/L", "mg/dL", "urea", 6.5 * 28.0134 / 10),  # urea nitrogen, 2 x 14.0067 g/mol
+        (18.2, "mg/dL", "mmol/L", "urea", 18.2 * 10 / 28.0134),
         (200, "µmol/L", "mg/dL", "creatinine", 200 * 113.12 / 10_000),
         (200, "umol/L", "mg/dL", "creatinine", 200 * 113.12 / 10_000),
         (10, "mmol/L", "mg/dL", "glucose", 10 * 180.16 / 10),
@@ -72,13 +73,88 @@ def test_conversion_matches_hand_arithmetic(value, src, dst, quantity, expect):
     assert math.isclose(convert(value, src, dst, quantity), expect, rel_tol=1e-10)
 
 
-def test_conversion_lands_exactly_on_published_cutoffs():
-    """Binary noise is removed, so a published value converts onto the exact decimal."""
-    assert convert(6.5, "mmol/L", "mg/dL", "urea") == 18.2
-    assert convert(25, "mmol/L", "mg/dL", "urea") == 70.0
+def test_conversion_uses_true_molar_masses_and_removes_only_binary_noise():
+    """The true molar masses, no fudge: 6.5 mmol/L urea is 18.2087 mg/dL BUN, not 18.2."""
+    assert convert(6.5, "mmol/L", "mg/dL", "urea") == 18.20871
+    assert convert(25, "mmol/L", "mg/dL", "urea") == 70.0335
     assert convert(200, "µmol/L", "mg/dL", "creatinine") == 2.2624
     assert convert(140, "g/L", "g/dL", "hemoglobin") == 14.0
     assert convert(5.0, "mg/dL", "mg/dL", None) == 5.0  # same unit: untouched, no pint
+
+
+@pytest.mark.parametrize(
+    ("x", "decimals", "expect"),
+    [
+        (18.20871, 1, 18.2),
+        (2.2624, 2, 2.26),
+        (2.255, 2, 2.26),
+        (2.2549, 2, 2.25),
+        (19.60938, 1, 19.6),
+        (60.0049, 0, 60.0),
+        (180.16, 0, 180.0),
+        (8.0156, 1, 8.0),
+        (44.82144, 1, 44.8),
+        (0.05, 1, 0.1),
+    ],
+)
+def test_to_precision_rounds_half_up_on_the_decimal(x, decimals, expect):
+    """Half up on the decimal the float stands for (2.255 -> 2.26, not binary rounding's 2.25)."""
+    assert to_precision(x, decimals) == expect
+
+
+@pytest.mark.parametrize(
+    ("system_id", "input_id", "published"),
+    [
+        # the published US tables, reproduced from the SI cut-offs by the reporting-precision rule
+        ("glasgow_blatchford", "bun", [18.2, 22.4, 28.0, 70.0]),  # urea 6.5/8/10/25 mmol/L
+        ("glasgow_blatchford", "hemoglobin", [10.0, 12.0, 13.0]),  # 100/120/130 g/L
+        ("has_bled", "creatinine", [2.26]),  # 200 umol/L
+        ("curb_65", "bun", [19.6]),  # urea > 7 mmol/L
+        ("glasgow_imrie", "pao2", [60.0]),  # 8 kPa
+        ("glasgow_imrie", "calcium", [8.0]),  # 2 mmol/L
+        ("glasgow_imrie", "glucose", [180.0]),  # 10 mmol/L
+        ("glasgow_imrie", "albumin", [3.2]),  # 32 g/L
+        ("glasgow_imrie", "bun", [44.8]),  # urea 16 mmol/L
+    ],
+)
+def test_converted_cutoffs_are_the_published_us_values(system_id, input_id, published):
+    assert sorted(bruteforce.definition_bounds(SYSTEMS[system_id], input_id)) == published
+
+
+@pytest.mark.parametrize("system_id", SYSTEM_IDS)
+def test_schema_comparison_values_equal_the_hand_computed_ones(system_id):
+    """Each bound the engine compares with (`bounds()`) equals the one computed by hand from the
+    published value, the true molar mass and the declared reporting precision."""
+    s = SYSTEMS[system_id]
+    items = {i.id: i for i in s.items}
+    for where, h in numeric_bound_holders(s):
+        if isinstance(h, Atom):
+            inp = s.input(h.input)
+        elif isinstance(h, Band):
+            inp = s.input(items[where.split(".")[1]].input)
+        else:
+            continue
+        hand = tuple(
+            None if v is None else bruteforce.comparison_value(inp, v, h.unit)
+            for v in (h.ge, h.gt, h.le, h.lt)
+        )
+        assert h.bounds() == hand, (system_id, where)
+
+
+def test_reporting_precision_cannot_be_coarser_than_the_step():
+    bun = SYSTEMS["glasgow_blatchford"].input("bun").model_dump()
+    assert NumericInput(**{**bun, "reported_decimals": 1}).precision == 1
+    with pytest.raises(ValueError, match=r"reported_decimals 0 of input 'bun' is coarser than its step 0\.1"):
+        NumericInput(**{**bun, "step": 0.1, "reported_decimals": 0})
+
+
+def test_reporting_precision_is_declared_or_the_step():
+    gbs, hb = SYSTEMS["glasgow_blatchford"], SYSTEMS["has_bled"]
+    assert gbs.input("bun").precision == 1 and gbs.input("bun").decimals == 0  # grid stays whole mg/dL
+    assert hb.input("creatinine").precision == 2
+    assert hb.input("bilirubin").precision == 1
+    assert SYSTEMS["ranson"].input("glucose").precision == 0
+    assert gbs.input("hemoglobin").precision == 1
 
 
 @pytest.mark.parametrize(
@@ -136,7 +212,7 @@ def test_glasgow_blatchford_urea_bands_are_blatchford_2000_in_mmol_per_litre():
         (10.0, 25.0, "mmol/L", "blatchford2000"),
         (25.0, None, "mmol/L", "blatchford2000"),
     ]
-    # compared in the finding's unit (BUN mg/dL): the US table 18.2 / 22.4 / 28 / 70 exactly
+    # compared in the finding's unit (BUN mg/dL, 0.1 precision): the US table 18.2 / 22.4 / 28 / 70
     assert sorted({v for b in item.bands for v in b.bounds() if v is not None}) == [18.2, 22.4, 28.0, 70.0]
 
 
@@ -144,7 +220,7 @@ def test_has_bled_creatinine_is_200_umol_per_litre():
     rule = next(i for i in SYSTEMS["has_bled"].items if i.id == "a_renal")
     atom = next(a for a in rule.cases[0].when.any if isinstance(a, Atom) and a.input == "creatinine")
     assert (atom.ge, atom.unit, atom.source) == (200.0, "µmol/L", "pisters2010")
-    assert atom.bounds()[0] == 2.2624
+    assert atom.bounds()[0] == 2.26  # 2.2624 mg/dL at creatinine's 0.01 mg/dL precision
 
 
 # --------------------------------------------------------------------------------------------
@@ -161,17 +237,59 @@ def test_issue_glasgow_blatchford_case_scores_2_in_us_and_si_units():
     for bun in ("6.5 mmol/L", {"value": 6.5, "unit": "mmol/L"}, "18.2 mg/dL"):
         si = {**GBS_CASE, "bun": bun, "hemoglobin": "140 g/L"}
         assert _score("glasgow_blatchford", si) == expect
-    # one step below the published band, in either unit: 0
-    assert _score("glasgow_blatchford", {**GBS_CASE, "bun": "6.49 mmol/L"})[0] == 0
-    assert _score("glasgow_blatchford", {**GBS_CASE, "bun": 18.19})[0] == 0
+    # below the published band, in either unit: 0
+    for bun in (18.1, 18.19, "6.47 mmol/L", "6.4 mmol/L", {"value": 18.1, "unit": "mg/dL"}):
+        assert _score("glasgow_blatchford", {**GBS_CASE, "bun": bun})[0] == 0, bun
+    # the documented caveat: 6.49 and 6.48 mmol/L are reported as 18.2 mg/dL (BUN's 0.1 mg/dL
+    # precision), so they count as at the cut-off; 6.47 mmol/L is 18.1 mg/dL
+    for bun in ("6.49 mmol/L", "6.48 mmol/L"):
+        assert _score("glasgow_blatchford", {**GBS_CASE, "bun": bun}) == expect, bun
+    # the other bands at their published mmol/L values and the US values
+    for bun, pts in (
+        ("8 mmol/L", 3),
+        (22.4, 3),
+        (22.3, 2),
+        ("10 mmol/L", 4),
+        (28, 4),
+        ("25 mmol/L", 6),
+        (70, 6),
+    ):
+        assert _score("glasgow_blatchford", {**GBS_CASE, "bun": bun})[0] == pts, bun
 
 
 def test_issue_has_bled_case_scores_1_in_us_and_si_units():
     assert _score("has_bled", HAS_BLED_CASE) == (1.0, {"high_risk": "Not met"})
-    for cr in ("205 umol/L", "200 µmol/L", {"value": 205, "unit": "µmol/L"}, "2.2624 mg/dL"):
-        assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": cr})[0] == 1
-    for cr in (2.26, "199 umol/L", 2.2623):
-        assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": cr})[0] == 0
+    for cr in (
+        2.26,
+        "200 umol/L",
+        "205 umol/L",
+        "200 µmol/L",
+        {"value": 200, "unit": "µmol/L"},
+        "2.26 mg/dL",
+    ):
+        assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": cr})[0] == 1, cr
+    for cr in (2.25, 2.259, "198 umol/L", "199 umol/L", {"value": 198, "unit": "umol/L"}):
+        assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": cr})[0] == 0, cr
+    # the documented caveat: 199.9 umol/L is reported as 2.26 mg/dL, so it counts as at 200
+    assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": "199.9 umol/L"})[0] == 1
+
+
+def test_curb_65_urea_above_7_mmol_per_litre_in_both_units():
+    """Urea > 7 mmol/L is BUN > 19.6 mg/dL (7 x 2.80134 = 19.609, at 0.1 mg/dL)."""
+    case = {"confusion": False, "age": 50, "resp_rate": 16, "sbp": 120, "dbp": 80}
+    for bun, pts in (
+        (19.6, 0),
+        (19.7, 1),
+        (19.61, 1),
+        ("7 mmol/L", 0),
+        ("7.0 mmol/L", 0),
+        ("7.1 mmol/L", 1),
+        ({"value": 7, "unit": "mmol/L"}, 0),
+        ("7.02 mmol/L", 1),
+        ("6.9 mmol/L", 0),
+        ("7.01 mmol/L", 0),  # caveat: reported as 19.6 mg/dL, i.e. at the cut-off, not above it
+    ):
+        assert _score("curb_65", {**case, "bun": bun})[0] == pts, bun
 
 
 @pytest.mark.parametrize("system_id", SYSTEM_IDS)
@@ -228,9 +346,10 @@ def test_cli_issue_examples_and_one_line_errors():
     si = {**GBS_CASE, "bun": "6.5 mmol/L", "hemoglobin": {"value": 140, "unit": "g/L"}}
     res = runner.invoke(app, ["systems", "score", "glasgow_blatchford", "--findings", json.dumps(si)])
     assert res.exit_code == 0 and "total 2" in res.output
-    case = {**HAS_BLED_CASE, "creatinine": "205 umol/L"}
-    res = runner.invoke(app, ["systems", "score", "has_bled", "--findings", json.dumps(case)])
-    assert res.exit_code == 0 and "total 1" in res.output
+    for cr in ("205 umol/L", "200 umol/L", 2.26):
+        case = {**HAS_BLED_CASE, "creatinine": cr}
+        res = runner.invoke(app, ["systems", "score", "has_bled", "--findings", json.dumps(case)])
+        assert res.exit_code == 0 and "total 1" in res.output, res.output
     for bad in ({"bun": "6.5 zorkmids"}, {"bun": 5000}, {"bun": "9 kPa"}):
         res = runner.invoke(app, ["systems", "score", "glasgow_blatchford", "--findings", json.dumps(bad)])
         assert res.exit_code == 2
@@ -347,3 +466,66 @@ def test_systems_show_lists_published_cutoffs_with_unit_and_source():
     assert res.exit_code == 0, res.output
     row = next(ln for ln in res.output.splitlines() if "a_renal" in ln)
     assert "≥ 200" in row and "µmol/L" in row and "pisters2010" in row
+    assert "≥ 2.26 mg/dL" in row  # the comparison value in the finding's unit, next to the published one
+
+
+def _hand_to_input_unit(inp: NumericInput, x: Decimal, unit: str) -> float:
+    """A finding in another unit as the rule reads it, by hand: hand factor, then half up."""
+    if inp.quantity == "temperature":
+        exact = (x - 32) * 5 / 9  # °F -> °C
+    else:
+        exact = x * bruteforce.FACTORS[(inp.quantity, unit, inp.unit)]
+    step = Decimal(1).scaleb(-bruteforce.reporting_decimals(inp))
+    return float(exact.quantize(step, rounding=ROUND_HALF_UP))
+
+
+def _other_unit(inp: NumericInput) -> str | None:
+    r = inp.si or inp.us
+    return None if r is None else r.unit
+
+
+@pytest.mark.parametrize("system_id", SYSTEM_IDS)
+def test_findings_in_other_units_score_like_their_hand_conversion(system_id):
+    """Brute force over findings given in the other convention's unit: each published cut-off in
+    that unit and values a hundredth, a tenth and a few reporting steps either side of it, plus
+    random values across the range, scored through `evaluate`'s parsing path, against the point
+    table (`score_values`) applied to the hand-converted, hand-rounded value."""
+    from equipoise.scoring_systems.engine import score_values
+
+    system = SYSTEMS[system_id]
+    rng = random.Random(f"units-{system_id}")
+    contexts = [{i.id: random_value(i, rng) for i in system.inputs} for _ in range(3)]
+    for inp in system.inputs:
+        if not isinstance(inp, NumericInput) or (unit := _other_unit(inp)) is None:
+            continue
+        factor = None if inp.quantity == "temperature" else bruteforce.FACTORS[(inp.quantity, unit, inp.unit)]
+
+        def to_x(y: float, factor: Decimal | None = factor) -> Decimal:
+            return Decimal(str(y)) * 9 / 5 + 32 if factor is None else Decimal(str(y)) / factor
+
+        lo, hi = to_x(inp.min), to_x(inp.max)
+        anchors = [to_x(b) for b in bruteforce.definition_bounds(system, inp.id)]
+        anchors += [
+            Decimal(str(v))
+            for item in system.items
+            for h in bruteforce.holders_of(system, item, inp.id)
+            if h.unit is not None and h.unit != inp.unit
+            for v in (h.ge, h.gt, h.le, h.lt)
+            if v is not None
+        ]
+        xs = {
+            round(a + d, 4)
+            for a in anchors
+            for d in map(Decimal, ("0", "0.01", "-0.01", "0.1", "-0.1", "1", "-1"))
+        }
+        xs |= {Decimal(f"{rng.uniform(float(lo), float(hi)):.2f}") for _ in range(60)}
+        n = 0
+        for x in sorted(xs):
+            y = _hand_to_input_unit(inp, x, unit)
+            if not inp.min <= y <= inp.max:
+                continue
+            for ctx in contexts:
+                got = evaluate(system, {**ctx, inp.id: f"{x} {unit}"}).total
+                assert got == score_values(system, {**ctx, inp.id: y}), (system_id, inp.id, f"{x} {unit}", y)
+                n += 1
+        assert n > 0

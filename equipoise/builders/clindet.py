@@ -31,13 +31,14 @@ from equipoise.schemas.clindet import (
     canonical_json,
 )
 from equipoise.schemas.scoring import Criterion, NumericInput, ScoringSystem
-from equipoise.schemas.units import convert
 from equipoise.scoring_systems.engine import (
     CompiledSystem,
+    FindingError,
     _clamp,
     compile_system,
     evaluate,
     grid_value,
+    numeric_finding,
     reachable_scaled,
 )
 
@@ -162,8 +163,13 @@ def _statements_keep_class(cs: CompiledSystem, inp: NumericInput, value: float, 
         stated = stated_text(inp, value, units)
         if stated is None:
             continue
-        back = convert(float(stated[0]), stated[1], inp.unit, inp.quantity)
-        if not (inp.min <= back <= inp.max and cs.class_of(inp.id, back) == cls_idx):
+        # read back exactly as `evaluate` reads a finding with a unit (converted, then rounded to
+        # the input's reporting precision), so the stated text gets the case's label
+        try:
+            back = numeric_finding(inp, {"value": float(stated[0]), "unit": stated[1]})
+        except FindingError:
+            return False
+        if cs.class_of(inp.id, back) != cls_idx:
             return False
     return True
 

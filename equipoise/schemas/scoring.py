@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from equipoise.schemas.units import Quantity, UnitError, canonical, convert
+from equipoise.schemas.units import Quantity, UnitError, canonical, convert, to_precision
 
 IDENT = r"^[a-z][a-z0-9_]*$"
 Ident = Annotated[str, Field(pattern=IDENT)]
@@ -129,6 +129,11 @@ class NumericInput(_InputBase):
     engine splits values by the exact published cut-offs, so any value in range, on or off the
     grid, gets its exact answer. ``quantity`` names what is measured, which decides the units a
     finding may also be given in (see `equipoise.schemas.units`).
+
+    ``reported_decimals`` is the reporting precision of ``unit``: the decimals a laboratory
+    reports the value with (BUN 1 in mg/dL, creatinine 2). A cut-off published in another unit,
+    and a finding given in another unit, are converted and rounded to it before comparison (the
+    rule in `equipoise.schemas.units`). Omitted, it is the decimals of ``step``.
     """
 
     kind: Literal["numeric"] = "numeric"
@@ -137,6 +142,9 @@ class NumericInput(_InputBase):
     min: float
     max: float
     step: float = Field(gt=0)
+    reported_decimals: int | None = Field(
+        default=None, ge=0, le=4, description="Reporting precision of `unit`; default: step's decimals."
+    )
     normal: float
     phrases: list[str] = Field(
         min_length=1, description="Templates with '{value}' (and optionally '{unit}')."
@@ -155,6 +163,12 @@ class NumericInput(_InputBase):
         for p in self.phrases:
             if "{value}" not in p:
                 raise ValueError(f"phrase {p!r} has no '{{value}}' placeholder")
+        if self.reported_decimals is not None and self.reported_decimals < self.decimals:
+            # a grid value finer than the reporting precision could not be a reported value
+            raise ValueError(
+                f"reported_decimals {self.reported_decimals} of input '{self.id}' is coarser than "
+                f"its step {self.step:g}"
+            )
         for name, r in (("si", self.si), ("us", self.us)):
             if r is not None:
                 try:
@@ -168,7 +182,13 @@ class NumericInput(_InputBase):
         return self.si if units == "si" else self.us if units == "us" else None
 
     @property
+    def precision(self) -> int:
+        """Decimals a value in ``unit`` is reported with (converted values are rounded to it)."""
+        return self.decimals if self.reported_decimals is None else self.reported_decimals
+
+    @property
     def decimals(self) -> int:
+        """Decimals of the case-generation grid (and of a value stated in a vignette)."""
         frac = Fraction(str(self.step))
         d = 0
         while frac.denominator != 1 and d < 6:
@@ -560,22 +580,49 @@ def numeric_bound_holders(
     return out
 
 
-def published_cutoffs(system: ScoringSystem) -> list[tuple[str, str, str, str]]:
-    """(where, bounds, unit, source) of every numeric cut-off, as its source publishes it."""
+def published_cutoffs(system: ScoringSystem) -> list[tuple[str, str, str, str, str]]:
+    """(where, bounds, unit, compared as, source) of every numeric cut-off.
+
+    ``bounds`` and ``unit`` are as the source publishes them; ``compared as`` is the value the
+    engine compares a finding with, in the finding's unit, when the publication's unit differs
+    (converted with the true molar mass and rounded to the finding's reporting precision), else
+    ``=``.
+    """
     items = {i.id: i for i in system.items}
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple[str, str, str, str, str]] = []
     for where, h in numeric_bound_holders(system):
+        ops = ("≥", ">", "≤", "<")
+        published = (h.ge, h.gt, h.le, h.lt)
+        compared = "="
         if isinstance(h, Criterion):
             unit = "points"
-        elif isinstance(h, Atom):
-            unit = h.unit or system.input(h.input).unit
         else:
-            item = items[where.split(".")[1]]
-            assert isinstance(item, NumericItem)
-            unit = h.unit or system.input(item.input).unit
-        ops = (("≥", h.ge), (">", h.gt), ("≤", h.le), ("<", h.lt))
+            if isinstance(h, Atom):
+                inp = system.input(h.input)
+            else:
+                item = items[where.split(".")[1]]
+                assert isinstance(item, NumericItem)
+                inp = system.input(item.input)
+            assert isinstance(inp, NumericInput)
+            unit = h.unit or inp.unit
+            if h.unit is not None and canonical(h.unit) != canonical(inp.unit):
+                conv = h.bounds()
+                compared = (
+                    " and ".join(
+                        f"{op} {v:.{inp.precision}f}"
+                        for op, v in zip(ops, conv, strict=True)
+                        if v is not None
+                    )
+                    + f" {inp.unit}"
+                )
         rows.append(
-            (where, " and ".join(f"{op} {v:g}" for op, v in ops if v is not None), unit, h.source or "-")
+            (
+                where,
+                " and ".join(f"{op} {v:g}" for op, v in zip(ops, published, strict=True) if v is not None),
+                unit,
+                compared,
+                h.source or "-",
+            )
         )
     return rows
 
@@ -583,6 +630,9 @@ def published_cutoffs(system: ScoringSystem) -> list[tuple[str, str, str, str]]:
 def _resolve_sources_and_units(system: ScoringSystem, inputs: dict[str, Any]) -> None:
     """Check every ``source`` names a reference and convert published bounds to the input unit.
 
+    A bound published in another unit is compared as its value converted with the true molar mass
+    and rounded to the input's reporting precision (`NumericInput.precision`; the rule and its
+    caveat are in `equipoise.schemas.units`): 200 umol/L creatinine is compared as 2.26 mg/dL.
     The conversion is done once here so that the engine and the plain reference evaluation read
     the same numbers; the stored fields keep the published value and unit untouched.
     """
@@ -607,7 +657,9 @@ def _resolve_sources_and_units(system: ScoringSystem, inputs: dict[str, Any]) ->
             h.__dict__.pop("bounds_in_input_unit", None)  # never keep bounds cached before conversion
             try:
                 h._in_input_unit = tuple(
-                    None if v is None else convert(v, h.unit, inp.unit, inp.quantity)
+                    None
+                    if v is None
+                    else to_precision(convert(v, h.unit, inp.unit, inp.quantity), inp.precision)
                     for v in (h.ge, h.gt, h.le, h.lt)
                 )
             except UnitError as exc:

@@ -8,15 +8,11 @@ are converted here, through pint, into the unit of the finding's definition.
 
 Conversions between a substance concentration (mmol/L) and a mass concentration (mg/dL) need a
 molar mass; they are the only chemistry allowed, and only for the analytes listed in
-`MOLAR_MASS_G_PER_MOL`:
+`MOLAR_MASS_G_PER_MOL`, with the true molar masses (no factor is bent to make a table agree):
 
-* urea: mass concentrations mean *urea nitrogen* (BUN), two nitrogen atoms per urea molecule.
-  The conventional factor BUN (mg/dL) = urea (mmol/L) x 2.8 corresponds to 28.0 g/mol; the exact
-  atomic weight (2 x 14.0067 = 28.0134 g/mol) gives 2.8013. We use 28.0: it is the factor by which
-  the US tables of the urea-based scores were derived from the published mmol/L bands (Blatchford
-  6.5/8.0/10.0/25 mmol/L <-> 18.2/22.4/28/70 mg/dL), so both tables agree exactly at every cut-off;
-  with 28.0134 a BUN of 18.2 mg/dL (6.497 mmol/L) would fall just below the published 6.5.
-* creatinine 113.12 g/mol (1 mg/dL = 88.42 umol/L)
+* urea: mass concentrations mean *urea nitrogen* (BUN), two nitrogen atoms per urea molecule:
+  2 x 14.0067 = 28.0134 g/mol (1 mmol/L urea = 2.80134 mg/dL BUN)
+* creatinine 113.12 g/mol (1 mg/dL = 88.40 umol/L)
 * glucose 180.16 g/mol (1 mmol/L = 18.016 mg/dL)
 * bilirubin 584.66 g/mol (1 mg/dL = 17.10 umol/L)
 * calcium 40.078 g/mol (1 mmol/L = 4.008 mg/dL)
@@ -26,17 +22,43 @@ temperature converts between degrees Celsius and Fahrenheit, and pressure betwee
 Inputs that declare no `quantity` accept only their own unit: a heart rate or an age has a single
 unit, and pint would happily (and wrongly) read 'points' as a typographic length.
 
-Exactness: pint computes in binary floating point (6.5 mmol/L becomes 18.199999999999996 mg/dL),
-so every converted value is rounded to 12 significant digits. That removes representation noise
-and nothing else: no reported clinical measurement has 12 significant digits, and a cut-off
-converted the same way lands on the same float, so a value exactly at a published cut-off stays
-exactly at it.
+Exactness: pint computes in binary floating point (6.5 mmol/L becomes 18.2087... mg/dL with a
+tail of binary noise), so every converted value is first rounded to 12 significant digits
+(`denoise`). That removes representation noise and nothing else.
+
+The reporting-precision rule (how a cut-off published in one unit is compared in another)
+-----------------------------------------------------------------------------------------
+A finding is defined in one unit Y (the input's ``unit``) and has a *reporting precision*: the
+decimals a laboratory reports it with in Y (``NumericInput.precision``: BUN 1 decimal in mg/dL,
+creatinine 2, bilirubin 1, glucose 0, haemoglobin 1 in g/dL, PaO2 0 in mmHg). Then:
+
+1. A cut-off published in unit X is compared, for that finding, as the published value converted
+   to Y with the true molar mass and rounded (half up) to Y's reporting precision (`to_precision`).
+   Blatchford's urea 6.5 / 8.0 / 10.0 / 25 mmol/L become 18.2 / 22.4 / 28.0 / 70.0 mg/dL, HAS-BLED's
+   creatinine 200 umol/L becomes 2.26 mg/dL, CURB-65's urea > 7 mmol/L becomes BUN > 19.6 mg/dL,
+   Glasgow-Imrie's PaO2 8 kPa becomes 60 mmHg, calcium 2 mmol/L 8.0 mg/dL and glucose 10 mmol/L
+   180 mg/dL. This is how the published US-unit tables were derived from the SI ones, so the rule
+   reproduces them exactly, without bending a molar mass.
+2. A finding given in another unit (``"200 umol/L"``) is converted with the true molar mass and
+   likewise rounded to Y's reporting precision before it is compared: a value reported in Y cannot
+   be finer than Y's precision, and this makes a finding and a cut-off in the same unit meet at the
+   same number. A number given in Y itself is compared exactly as given.
+
+The honest caveat: a value given in X within half a reporting step of Y below a converted cut-off
+counts as at the cut-off (199.9 umol/L creatinine -> 2.26 mg/dL -> abnormal renal function;
+6.49 mmol/L urea -> 18.2 mg/dL -> 2 Blatchford points), and one within half a step above a strict
+(> x) cut-off counts as at it (7.01 mmol/L urea -> 19.6 mg/dL -> no CURB-65 point). That is the
+clinical convention: a score is applied to the value as the laboratory reports it, in the unit of
+the table being used, and the US tables apply their rounded numbers to US-reported values; the
+window is below the analytical imprecision of every analyte concerned (creatinine's is several
+umol/L), so no measurement can tell such a value from the cut-off.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from decimal import ROUND_HALF_UP, Decimal
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -53,7 +75,7 @@ Quantity = Literal[
 ]
 
 MOLAR_MASS_G_PER_MOL: dict[str, float] = {
-    "urea": 28.0,  # as urea nitrogen: see the module docstring for why not 28.0134
+    "urea": 2 * 14.0067,  # as urea nitrogen (BUN): two N atoms per urea molecule, 28.0134 g/mol
     "creatinine": 113.12,
     "glucose": 180.16,
     "bilirubin": 584.66,
@@ -105,6 +127,18 @@ def denoise(x: float) -> float:
     if x == 0 or not math.isfinite(x):
         return x
     return float(f"{x:.{_SIGNIFICANT}g}")
+
+
+def to_precision(x: float, decimals: int) -> float:
+    """``x`` rounded half up to ``decimals`` places: a value as a laboratory reports it.
+
+    Rounds the decimal the float stands for (after `denoise`), so 2.255 becomes 2.26, not the
+    2.25 that binary rounding of 2.25499999... would give.
+    """
+    if not math.isfinite(x):
+        return x
+    q = Decimal(repr(denoise(x))).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
+    return float(q)
 
 
 def convert(value: float, from_unit: str, to_unit: str, quantity: str | None) -> float:

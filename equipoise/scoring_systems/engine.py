@@ -55,7 +55,7 @@ from equipoise.schemas.scoring import (
     ScoringSystem,
     iter_atoms,
 )
-from equipoise.schemas.units import UnitError, convert, parse_value
+from equipoise.schemas.units import UnitError, canonical, convert, parse_value, to_precision
 
 Value = bool | str | float
 
@@ -173,6 +173,9 @@ def normalize_findings(system: ScoringSystem, findings: Mapping[str, Any]) -> di
 def numeric_finding(inp: NumericInput, raw: Any) -> float:
     """A numeric finding in the input's unit: a number, ``"6.5 mmol/L"`` or ``{value, unit}``.
 
+    A value given in another unit is converted with the true molar mass and rounded to the
+    input's reporting precision (``"200 umol/L"`` -> 2.26 mg/dL), the rule cut-offs published in
+    another unit follow too (see `equipoise.schemas.units`); a bare number is taken as given.
     Refuses (FindingError naming the finding) an unknown or incompatible unit, a non-finite value
     and a value outside the input's physiologically possible range ``min..max``.
     """
@@ -186,7 +189,8 @@ def numeric_finding(inp: NumericInput, raw: Any) -> float:
         ) from None
     if unit is not None:
         try:
-            x = convert(x, unit, inp.unit, inp.quantity)
+            if canonical(unit) != canonical(inp.unit):
+                x = to_precision(convert(x, unit, inp.unit, inp.quantity), inp.precision)
         except UnitError as exc:
             raise FindingError(f"finding '{key}' ({inp.label}, {inp.unit}): {exc}") from None
     if not math.isfinite(x):
