@@ -25,6 +25,8 @@ app = typer.Typer(
 )
 systems_app = typer.Typer(help="Inspect and use the bundled clinical scoring systems.", no_args_is_help=True)
 app.add_typer(systems_app, name="systems")
+store_app = typer.Typer(help="Maintain DuckDB prediction stores.", no_args_is_help=True)
+app.add_typer(store_app, name="store")
 
 # tables here are wide (policy x condition x 5 rates); never squeeze them below 110 columns
 console = Console(width=max(Console().width, 110))
@@ -40,11 +42,11 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
     """Open a store or exit with one line (missing file, locked by another writer, bad limit)."""
     import duckdb
 
-    from equipoise.evaluators.store import StoreLockedError, connect
+    from equipoise.evaluators.store import StoreLockedError, StoreOutdatedError, connect
 
     try:
         return connect(store, read_only=read_only, memory_limit=memory_limit)
-    except (FileNotFoundError, StoreLockedError, ValueError, duckdb.Error) as exc:
+    except (FileNotFoundError, StoreLockedError, StoreOutdatedError, ValueError, duckdb.Error) as exc:
         _fail(str(exc).splitlines()[0])
 
 
@@ -865,19 +867,42 @@ def report(
 ) -> None:
     """Write every metric as a CSV table and the plots a reader would rather look at (reliability,
     humility deficit, accuracy vs abstention across k, set size, risk-coverage, determinability)."""
+    import duckdb
+
     from equipoise.evaluators.report import write_report
+    from equipoise.evaluators.store import StoreLockedError, StoreOutdatedError
 
     if not store.exists():
         _fail(f"{store}: no such store")
     try:
         rep = write_report(store, out, memory_limit=memory_limit)
-    except ValueError as exc:
+    except (ValueError, StoreLockedError, StoreOutdatedError, duckdb.Error) as exc:
         _fail(str(exc).splitlines()[0])
     console.print(f"wrote {len(rep.tables)} tables and {len(rep.plots)} plots to {out}")
     for p in rep.plots:
         console.print(f"  - {out / p}")
     for s in rep.skipped:
         console.print(f"  [dim]skipped {s}[/]")
+
+
+@store_app.command("migrate")
+def store_migrate(
+    store: Annotated[Path, typer.Argument(help="DuckDB store file to upgrade in place.")],
+) -> None:
+    """Upgrade a store to this package's schema version. Works on a copy that replaces the store
+    only when every step succeeded, so a failure leaves the store as it was."""
+    import duckdb
+
+    from equipoise.evaluators.store import StoreLockedError, StoreOutdatedError, migrate_store
+
+    try:
+        before, after = migrate_store(store)
+    except (FileNotFoundError, StoreLockedError, StoreOutdatedError, OSError, duckdb.Error) as exc:
+        _fail(str(exc).splitlines()[0])
+    if before == after:
+        console.print(f"{store}: already at schema v{after}; nothing to do", highlight=False)
+    else:
+        console.print(f"{store}: migrated schema v{before} -> v{after}", highlight=False)
 
 
 @app.command()

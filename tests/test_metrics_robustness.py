@@ -66,7 +66,7 @@ def _add_extras(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(
         """
         INSERT INTO runs SELECT run_id || '-cot', model, backend, 'cot', prompt_template_id, prompt_sha256,
-               decoding_json, dataset_id, config, package_version FROM runs;
+               decoding_json, dataset_id, config, package_version, NULL FROM runs;
         INSERT INTO predictions
         SELECT run_id || '-cot', item_id, sample_index, raw_output,
                CASE WHEN hash(run_id || item_id || sample_index) % 4 = 0
@@ -91,7 +91,7 @@ def _add_extras(con: duckdb.DuckDBPyConnection) -> None:
             f"""
             CREATE TEMP TABLE pick AS SELECT run_id FROM runs WHERE {where};
             INSERT INTO runs SELECT run_id || '{suffix}', model, backend, {style}, prompt_template_id,
-                   prompt_sha256, {decoding}, dataset_id, config, package_version
+                   prompt_sha256, {decoding}, dataset_id, config, package_version, NULL
             FROM runs WHERE run_id IN (SELECT run_id FROM pick);
             INSERT INTO predictions SELECT * REPLACE (run_id || '{suffix}' AS run_id)
             FROM predictions WHERE run_id IN (SELECT run_id FROM pick);

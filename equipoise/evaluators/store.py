@@ -18,10 +18,19 @@ Tables (schema v1):
 
 Primary keys plus ``INSERT OR IGNORE`` make writes idempotent: a rerun after a crash adds only what
 is missing, and importing the same file twice adds nothing.
+
+Schema v2 adds ``runs.parent_run_id`` (the run a derived run, e.g. a self-evaluation, was made from;
+NULL otherwise) and ``store_meta`` (key/value facts about the store, e.g. the fingerprint of the
+derived metric tables). A new store is created at the latest version. An existing store at an older
+version is never upgraded behind the user's back: opening it raises :class:`StoreOutdatedError`
+naming the one command that upgrades it (``equipoise store migrate STORE``, :func:`migrate_store`),
+which works on a copy and swaps it in only when every step succeeded.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from equipoise.schemas.features import to_table
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 MIGRATIONS: list[tuple[int, str]] = [
     (
@@ -122,6 +131,16 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        2,
+        """
+        ALTER TABLE runs ADD COLUMN parent_run_id VARCHAR;
+        CREATE TABLE store_meta (
+            key VARCHAR PRIMARY KEY,
+            value VARCHAR NOT NULL
+        );
+        """,
+    ),
 ]
 
 
@@ -186,6 +205,7 @@ class RunRow(_Row):
     dataset_id: str
     config: str
     package_version: str
+    parent_run_id: str | None = None
 
 
 Outcome = Literal["answered", "abstained", "unparsed", "error"]
@@ -268,12 +288,96 @@ def connect(
                 f"{path}: another process is writing this store; wait for it to finish and run again"
             ) from exc
         raise
-    if not read_only:
-        migrate(con)
+    try:
+        current = store_version(con)
+        if current > SCHEMA_VERSION:
+            raise StoreOutdatedError(
+                f"{path}: store schema v{current} is newer than this package (v{SCHEMA_VERSION}); "
+                "upgrade equipoise"
+            )
+        if 0 < current < SCHEMA_VERSION:
+            raise StoreOutdatedError(
+                f"{path}: store schema v{current} is older than this package (v{SCHEMA_VERSION}); "
+                f"upgrade it with: equipoise store migrate {path}"
+            )
+        if not read_only:
+            migrate(con)
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
+class StoreOutdatedError(RuntimeError):
+    """The store was written by another schema version; the message names the fix."""
+
+
+def store_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The store's schema version; 0 for an empty file (no ``schema_version`` table yet)."""
+    exists = scalar(
+        con,
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = 'main' AND table_name = 'schema_version'",
+    )
+    if not exists:
+        return 0
+    return int(scalar(con, "SELECT coalesce(max(version), 0) FROM main.schema_version"))
+
+
+def migrate_store(path: Path) -> tuple[int, int]:
+    """Upgrade the store file at ``path`` to :data:`SCHEMA_VERSION`, atomically.
+
+    Why a copy: a migration that fails half-way (disk full, a kill, a bug) must leave the user's
+    store exactly as it was. The store is first checkpointed (its write-ahead log folded into the
+    file, no content change), then copied to ``<store>.migrating``; the migrations run on the copy,
+    which is checkpointed and closed, and only then renamed over the original (``os.replace``, atomic
+    on one file system). On any error the copy is removed and the original is untouched. Returns
+    (version before, version after); a store already at the latest version is left alone.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such store")
+    try:
+        con = duckdb.connect(str(path))
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise StoreLockedError(
+                f"{path}: another process is writing this store; wait for it to finish and run again"
+            ) from exc
+        raise
+    try:
+        before = store_version(con)
+        if before > SCHEMA_VERSION:
+            raise StoreOutdatedError(
+                f"{path}: store schema v{before} is newer than this package (v{SCHEMA_VERSION}); "
+                "upgrade equipoise"
+            )
+        if before == SCHEMA_VERSION:
+            return before, before
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    tmp = path.with_name(path.name + ".migrating")
+    for leftover in (tmp, Path(f"{tmp}.wal")):
+        leftover.unlink(missing_ok=True)
+    try:
+        shutil.copyfile(path, tmp)
+        con = duckdb.connect(str(tmp))
+        try:
+            after = migrate(con)
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        os.replace(tmp, path)
+    except BaseException:
+        for leftover in (tmp, Path(f"{tmp}.wal")):
+            leftover.unlink(missing_ok=True)
+        raise
+    return before, after
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Apply every migration newer than the store's version, each in its own transaction."""
     con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY)")
     current = int(scalar(con, "SELECT coalesce(max(version), 0) FROM schema_version"))
     if current > SCHEMA_VERSION:
