@@ -50,6 +50,20 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
         _fail(str(exc).splitlines()[0])
 
 
+def _refresh_facts(con: Any) -> None:
+    """After a write: recompute the store's fact tables (what ``equipoise metrics`` reads) in one
+    pass. The predictions are already committed; should this fail, metrics still compute from the
+    source tables, so it is a warning, not an error."""
+    import duckdb
+
+    from equipoise.evaluators.metrics import facts
+
+    try:
+        facts.refresh(con)
+    except duckdb.Error as exc:
+        err.print(f"warning: fact tables not refreshed ({str(exc).splitlines()[0]}); metrics stay correct")
+
+
 # ---------------------------------------------------------------------------------------------
 # systems
 # ---------------------------------------------------------------------------------------------
@@ -396,6 +410,7 @@ def quickstart(
         n_runs = 0
         for folder in folders.values():
             n_runs += len(run_reference_policies(con, folder, seed=seed))
+        _refresh_facts(con)
         det = con.execute(DETERMINABILITY_SQL)
         det_rows, det_cols = det.fetchall(), [d[0] for d in det.description]
         mcq = con.execute(MCQ_SQL)
@@ -593,6 +608,7 @@ def run_cmd(
                 )
         except (ValueError, DatasetVersionError) as exc:
             _fail(str(exc))
+        _refresh_facts(con)
         if self_eval_of is not None:
             verdicts = dict(
                 con.execute(
@@ -692,6 +708,7 @@ def import_cmd(
             res = import_predictions(con, file)
         except ImportError_ as exc:
             _fail(str(exc))
+        _refresh_facts(con)
     finally:
         con.close()
     console.print(f"imported {file}: {res.rows} record(s), {res.added} new, runs {', '.join(res.runs)}")
@@ -772,9 +789,17 @@ def metrics(
         ),
     ] = None,
     memory_limit: MemoryLimit = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-cache",
+            help="Compute every metric even when <store>.cache/ holds it for this exact store content.",
+        ),
+    ] = False,
 ) -> None:
     """Compute registered metrics in SQL over a store, grouped by any strata (model, suite, variant,
-    k, framing, condition, specialty, question_type, imaging_modality, ...)."""
+    k, framing, condition, specialty, question_type, imaging_modality, ...). Results are cached in
+    <store>.cache/ keyed by the store's content, so asking again for an unchanged store is instant."""
     import duckdb
 
     from equipoise.evaluators.metrics.registry import REGISTRY, STRATA, _load_all, compute
@@ -796,22 +821,51 @@ def metrics(
     unused = [k for k in given if not any(k in REGISTRY[n].params for n in names)]
     if unused:
         _fail(f"no selected metric takes parameter(s) {unused}; see equipoise metrics --list")
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from equipoise.evaluators.metrics import cache
     from equipoise.evaluators.metrics.registry import prepare, write_result
 
     con = _connect(store, read_only=True, memory_limit=memory_limit)
     out: dict[str, Any] = {}
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            con.close()
+            _fail(f"{out_dir}: cannot create the output folder ({exc.strerror or exc})")
     try:
-        prepare(con, materialize=True)  # the base joins once for all metrics, not once per metric
+        version = None if no_cache else cache.content_version(con, store)
+        prepared = False
         for name in names:
             mine = {k: v for k, v in given.items() if k in REGISTRY[name].params}
+            k = None if version is None else cache.key(version, name, by, mine)
             try:
                 if out_dir is not None:
-                    rows = write_result(con, name, out_dir / f"{name}.parquet", by=by, params=mine)
-                    console.print(f"{name}: {rows:,} rows -> {out_dir / f'{name}.parquet'}", highlight=False)
+                    target = out_dir / f"{name}.parquet"
+                    hit = None if k is None else cache.path_for(store, k)
+                    if hit is not None and hit.exists():
+                        shutil.copyfile(hit, target)
+                        rows = pq.ParquetFile(target).metadata.num_rows
+                    else:
+                        if not prepared:  # the base joins once for all metrics, not once per metric
+                            prepare(con, materialize=True)
+                            prepared = True
+                        rows = write_result(con, name, target, by=by, params=mine)
+                        if k is not None:
+                            cache.put_file(store, k, target)
+                    console.print(f"{name}: {rows:,} rows -> {target}", highlight=False)
                     continue
-                df = compute(con, name, by=by, params=mine)
+                df = None if k is None else cache.get(store, k)
+                if df is None:
+                    if not prepared:
+                        prepare(con, materialize=True)
+                        prepared = True
+                    df = compute(con, name, by=by, params=mine)
+                    if k is not None:
+                        cache.put_frame(store, k, df)
             except KeyError as exc:
                 _fail(str(exc.args[0]))
             except (ValueError, TypeError) as exc:
@@ -903,6 +957,11 @@ def store_migrate(
         console.print(f"{store}: already at schema v{after}; nothing to do", highlight=False)
     else:
         console.print(f"{store}: migrated schema v{before} -> v{after}", highlight=False)
+    con = _connect(store)
+    try:
+        _refresh_facts(con)
+    finally:
+        con.close()
 
 
 @app.command()

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from equipoise.cli import app
 from equipoise.evaluators import store as st
-from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare
+from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare, uses_facts
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 
 V1_TABLES = ("datasets", "items", "options", "runs", "predictions", "option_scores")
@@ -81,6 +81,7 @@ def test_migrate_gives_identical_metrics_and_adds_parent_run_id(tmp_path: Path) 
     assert cols[-1] == "parent_run_id"
     assert con.execute("SELECT count(*) FROM runs WHERE parent_run_id IS NOT NULL").fetchone()[0] == 0
     after = _all_metrics(con)
+    assert uses_facts(con)  # migrate wrote the fact tables: `after` was read from them
     con.close()
     assert before.keys() == after.keys() and len(before) == len(REGISTRY)
     assert sum(len(df) for df in before.values()) > 100  # the metrics saw data
