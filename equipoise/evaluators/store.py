@@ -16,8 +16,10 @@ Tables (schema v1):
 - ``option_scores`` one row per run x item x sample x option with the option's log-probability
                 (long format so softmax, LAC and APS are plain window functions).
 
-Primary keys plus ``INSERT OR IGNORE`` make writes idempotent: a rerun after a crash adds only what
-is missing, and importing the same file twice adds nothing.
+Writes are idempotent: a rerun after a crash adds only what is missing, and importing the same file
+twice adds nothing. Small tables have primary keys and ``INSERT OR IGNORE``; from schema v2 the two
+hot tables (predictions, option_scores) have no index and the write path keeps their keys unique
+(stage, anti-join, append; :data:`HOT_KEYS`).
 
 Schema v2 adds ``runs.parent_run_id`` (the run a derived run, e.g. a self-evaluation, was made from;
 NULL otherwise) and ``store_meta`` (key/value facts about the store, e.g. the fingerprint of the
@@ -139,9 +141,47 @@ MIGRATIONS: list[tuple[int, str]] = [
             key VARCHAR PRIMARY KEY,
             value VARCHAR NOT NULL
         );
+        -- the two hot tables lose their primary key (an ART index costs ~4x a plain append); their
+        -- key is kept unique by the write path (see HOT_KEYS): stage, anti-join, append
+        CREATE TABLE predictions_v2 (
+            run_id VARCHAR NOT NULL,
+            item_id VARCHAR NOT NULL,
+            sample_index INTEGER NOT NULL,
+            raw_output VARCHAR NOT NULL,
+            parsed_label VARCHAR,
+            parse_method VARCHAR NOT NULL,
+            outcome VARCHAR NOT NULL,
+            token_logprob_sum DOUBLE,
+            token_logprob_mean DOUBLE,
+            token_logprob_min DOUBLE,
+            n_output_tokens INTEGER,
+            latency_ms DOUBLE,
+            error VARCHAR
+        );
+        INSERT INTO predictions_v2 SELECT * FROM predictions;
+        DROP TABLE predictions;
+        ALTER TABLE predictions_v2 RENAME TO predictions;
+        CREATE TABLE option_scores_v2 (
+            run_id VARCHAR NOT NULL,
+            item_id VARCHAR NOT NULL,
+            sample_index INTEGER NOT NULL,
+            label VARCHAR NOT NULL,
+            logprob DOUBLE NOT NULL
+        );
+        INSERT INTO option_scores_v2 SELECT * FROM option_scores;
+        DROP TABLE option_scores;
+        ALTER TABLE option_scores_v2 RENAME TO option_scores;
         """,
     ),
 ]
+
+# Tables without a primary key whose rows are still unique on these columns: every write through
+# this module stages the batch, drops rows whose key is already stored (anti-join) or repeated in
+# the batch, and appends the rest. Idempotent like INSERT OR IGNORE, without an index to maintain.
+HOT_KEYS: dict[str, tuple[str, ...]] = {
+    "predictions": ("run_id", "item_id", "sample_index"),
+    "option_scores": ("run_id", "item_id", "sample_index", "label"),
+}
 
 
 class _Row(BaseModel):
@@ -404,8 +444,7 @@ def insert_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> 
     con.register("_incoming", table)
     try:
         con.execute("BEGIN TRANSACTION")
-        cols = ", ".join(table.column_names)
-        con.execute(f"INSERT OR IGNORE INTO {name} ({cols}) SELECT {cols} FROM _incoming")
+        con.execute(_append_sql(name, table.column_names, "_incoming"))
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
@@ -413,6 +452,31 @@ def insert_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> 
     finally:
         con.unregister("_incoming")
     return int(scalar(con, f"SELECT count(*) FROM {name}") - before)
+
+
+def _append_sql(name: str, columns: Sequence[str], source: str) -> str:
+    """The idempotent insert of ``source`` into table ``name``: INSERT OR IGNORE where the table
+    has a primary key; for a hot table (:data:`HOT_KEYS`) the rows whose key is not stored yet,
+    the first of any key repeated within the batch."""
+    cols = ", ".join(columns)
+    key = HOT_KEYS.get(name)
+    if key is None:
+        return f"INSERT OR IGNORE INTO {name} ({cols}) SELECT {cols} FROM {source}"
+    keys = ", ".join(key)
+    on = " AND ".join(f"t.{k} = s.{k}" for k in key)
+    return f"""
+        INSERT INTO {name} ({cols})
+        SELECT {cols} FROM (
+            SELECT *, row_number() OVER (PARTITION BY {keys} ORDER BY _pos) AS _nth
+            FROM (SELECT *, row_number() OVER () AS _pos FROM {source}) s
+            WHERE NOT EXISTS (
+                SELECT 1 FROM {name} t
+                WHERE {on}
+                  AND t.run_id IN (SELECT DISTINCT run_id FROM {source})
+            )
+        )
+        WHERE _nth = 1
+    """
 
 
 def insert(con: duckdb.DuckDBPyConnection, model: type[BaseModel], rows: Sequence[BaseModel]) -> int:
@@ -437,8 +501,7 @@ def insert_batch(
         for i, (name, table) in enumerate(todo):
             view = f"_incoming_{i}"
             con.register(view, table)
-            cols = ", ".join(table.column_names)
-            con.execute(f"INSERT OR IGNORE INTO {name} ({cols}) SELECT {cols} FROM {view}")
+            con.execute(_append_sql(name, table.column_names, view))
             con.unregister(view)
         con.execute("COMMIT")
     except Exception:
