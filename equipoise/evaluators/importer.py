@@ -254,7 +254,7 @@ def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
         else:
             with path.open("rb") as f:
                 data = f.read()
-            if _AMBIGUOUS_NULL.search(data):
+            if b"null" in data and _AMBIGUOUS_NULL.search(data):  # memchr-fast test first
                 return None
             opts = pyarrow.json.ParseOptions(explicit_schema=_SCALARS, unexpected_field_behavior="infer")
             table = pyarrow.json.read_json(pyarrow.BufferReader(data), parse_options=opts)
@@ -436,8 +436,7 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, path: Path, labels: list[str])
                  ON k.model = i.model AND k.backend = i.backend AND k.prompt_style = i.prompt_style
                 AND k.prompt_template_id = i.prompt_template_id AND k.prompt_sha256 = i.prompt_sha256
                 AND k.temperature IS NOT DISTINCT FROM i.temperature AND k.dataset_id = i.dataset_id
-                AND k.config = i.config
-               ORDER BY i.rn"""
+                AND k.config = i.config"""
         )
     finally:
         con.unregister("_imp_keys")
@@ -452,8 +451,7 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, path: Path, labels: list[str])
                   r.latency_ms, r.tl, o.role, r.dataset_id, r.config
            FROM _imp_rows r
            LEFT JOIN options o ON o.dataset_id = r.dataset_id AND o.config = r.config
-                AND o.item_id = r.item_id AND o.label = r.parsed_label
-           ORDER BY r.rn"""
+                AND o.item_id = r.item_id AND o.label = r.parsed_label"""
     ).to_arrow_table()
     n = rows.num_rows
     parsed = rows["parsed_label"].to_pylist()
@@ -509,7 +507,7 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, path: Path, labels: list[str])
     score_table = (
         con.execute(
             """SELECT r.run_id, s.item_id, r.sample_index, s.label, s.logprob
-           FROM _imp_scores s JOIN _imp_rows r USING (rn) ORDER BY s.rn, s.k"""
+           FROM _imp_scores s JOIN _imp_rows r USING (rn)"""
         )
         .to_arrow_table()
         .cast(arrow_schema(OptionScoreRow))
@@ -519,6 +517,7 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, path: Path, labels: list[str])
         con,
         [(RunRow, list(runs.values()))],
         tables=[("predictions", pred_table), ("option_scores", score_table)],
+        unique=True,  # repeated (run, item, sample) keys were refused above; labels are struct fields
     )
     after = con.execute("SELECT count(*) FROM predictions").fetchall()[0][0]
     return ImportSummary(rows=n, added=int(after - before), runs=sorted(runs))

@@ -454,16 +454,25 @@ def insert_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> 
     return int(scalar(con, f"SELECT count(*) FROM {name}") - before)
 
 
-def _append_sql(name: str, columns: Sequence[str], source: str) -> str:
+def _append_sql(name: str, columns: Sequence[str], source: str, unique: bool = False) -> str:
     """The idempotent insert of ``source`` into table ``name``: INSERT OR IGNORE where the table
     has a primary key; for a hot table (:data:`HOT_KEYS`) the rows whose key is not stored yet,
-    the first of any key repeated within the batch."""
+    the first of any key repeated within the batch (``unique``: the caller checked there is none)."""
     cols = ", ".join(columns)
     key = HOT_KEYS.get(name)
     if key is None:
         return f"INSERT OR IGNORE INTO {name} ({cols}) SELECT {cols} FROM {source}"
     keys = ", ".join(key)
     on = " AND ".join(f"t.{k} = s.{k}" for k in key)
+    if unique:
+        return f"""
+        INSERT INTO {name} ({cols})
+        SELECT {cols} FROM {source} s
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {name} t
+            WHERE {on} AND t.run_id IN (SELECT DISTINCT run_id FROM {source})
+        )
+    """
     return f"""
         INSERT INTO {name} ({cols})
         SELECT {cols} FROM (
@@ -490,18 +499,22 @@ def insert_batch(
     con: duckdb.DuckDBPyConnection,
     batches: list[tuple[type[BaseModel], Sequence[BaseModel]]],
     tables: list[tuple[str, pa.Table]] | None = None,
+    unique: bool = False,
 ) -> None:
     """Insert several tables' rows in ONE transaction: a prediction and its option scores are
     committed together or not at all, so a kill between them can never leave half a sample.
-    ``tables`` takes already-built Arrow tables (bulk paths that skip per-row objects)."""
+    ``tables`` takes already-built Arrow tables (bulk paths that skip per-row objects).
+    ``unique=True`` says the caller has already checked that no key repeats within ``tables``
+    (the importer does), which spares the hot tables the in-batch de-duplication."""
     todo = [(_TABLES[m], to_table(m, list(rows))) for m, rows in batches if rows]
+    n_models = len(todo)
     todo += [(name, t) for name, t in (tables or []) if t.num_rows]
     con.execute("BEGIN TRANSACTION")
     try:
         for i, (name, table) in enumerate(todo):
             view = f"_incoming_{i}"
             con.register(view, table)
-            con.execute(_append_sql(name, table.column_names, view))
+            con.execute(_append_sql(name, table.column_names, view, unique=unique and i >= n_models))
             con.unregister(view)
         con.execute("COMMIT")
     except Exception:
