@@ -16,8 +16,17 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
 
-from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare, write_result
+from equipoise.evaluators.metrics.registry import (
+    REGISTRY,
+    _load_all,
+    compute,
+    prepare,
+    result_sql,
+    write_result,
+)
 from equipoise.evaluators.store import connect
+
+PLOT_POINTS = 2000  # most points drawn per risk-coverage curve
 
 
 @dataclass
@@ -119,8 +128,17 @@ def plot_reliability(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
 
 
 def plot_risk_coverage(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
-    """Selective prediction: error rate among the accepted answers as coverage grows."""
-    df = compute(con, "risk_coverage", ["model"])
+    """Selective prediction: error rate among the accepted answers as coverage grows.
+
+    The curve has a point per distinct confidence (about one per prediction); the plot needs no
+    more than its width can show, so SQL keeps the last point of each 1/2000 of coverage (the
+    curve's value there, as a step plot draws it) and no frame of every prediction is built."""
+    sql = result_sql(con, "risk_coverage", ["model"])
+    assert sql is not None  # risk_coverage is one query
+    df = con.execute(
+        f"""SELECT model, max(coverage) AS coverage, arg_max(risk, coverage) AS risk
+            FROM ({sql}) GROUP BY model, floor(coverage * {PLOT_POINTS}) ORDER BY model, coverage"""
+    ).df()
     if df.empty:
         return False
     aurc = compute(con, "aurc", ["model"]).set_index("model").aurc
