@@ -230,13 +230,13 @@ def build_store(path: Path, rows: int, models: int, samples: int, seed: int, lay
     return info
 
 
-def write_facts(path: Path) -> dict[str, float]:
+def write_facts(path: Path, memory_limit: str | None = None) -> dict[str, float]:
     """Bring the store's fact tables up to date, as a writer (``equipoise import`` / ``run``) does
     after writing; returns the refresh time and the time of one fingerprint (a full scan)."""
     from equipoise.evaluators.metrics import facts
     from equipoise.evaluators.store import connect
 
-    con = connect(path)
+    con = connect(path, memory_limit=memory_limit)
     try:
         t0 = time.perf_counter()
         facts.refresh(con)
@@ -519,7 +519,7 @@ def main() -> int:
     else:
         info = build_store(store, args.rows, args.models, args.samples, args.seed, args.layout)
     build_s = time.perf_counter() - t0
-    info.update(write_facts(store))
+    info.update(write_facts(store, args.memory_limit))
     info["file_bytes"] = sum(p.stat().st_size for p in store.parent.glob(store.name + "*"))
     n_pred = info["predictions_rows"]
     store_mib = info["file_bytes"] / 2**20

@@ -91,8 +91,8 @@ def current(con: duckdb.DuckDBPyConnection) -> str | None:
 
 
 def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> bool:
-    """Recompute the fact tables when they are missing or stale (one transaction); returns whether
-    anything was written. Needs a writable connection to a v2 store."""
+    """Recompute the fact tables when they are missing or stale; returns whether anything was
+    written. Needs a writable connection to a v2 store."""
     from equipoise.evaluators.metrics.registry import STRATA, prepare
     from equipoise.evaluators.metrics.uncertainty import scores_sql
 
@@ -100,18 +100,15 @@ def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> bool:
     if not force and stored_fingerprint(con) == fp:
         return False
     prepare(con)  # TEMP views over the source tables, always current
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute("CREATE OR REPLACE TABLE main.facts_scored AS SELECT * FROM scored")
-        con.execute("CREATE OR REPLACE TABLE main.facts_option_probs AS SELECT * FROM option_probs")
-        for pool in POOLS:
-            con.execute(
-                f"CREATE OR REPLACE TABLE main.facts_unc_scores_{pool} AS "
-                f"{scores_sql(list(STRATA), {'pool': pool})}"
-            )
-        con.execute("INSERT OR REPLACE INTO main.store_meta VALUES (?, ?)", [META_KEY, fp])
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
+    # One statement per table, not one transaction: at 10M predictions the new tables of a single
+    # transaction do not fit in memory. Safe because the fingerprint is removed first and written
+    # last: until it is back, no reader uses any fact table, and a crash in between leaves facts
+    # that are simply not used (metrics compute from the source tables) until the next refresh.
+    con.execute("DELETE FROM main.store_meta WHERE key = ?", [META_KEY])
+    con.execute("CREATE OR REPLACE TABLE main.facts_scored AS SELECT * FROM scored")
+    con.execute("CREATE OR REPLACE TABLE main.facts_option_probs AS SELECT * FROM option_probs")
+    for pool in POOLS:
+        query = scores_sql(list(STRATA), {"pool": pool})
+        con.execute(f"CREATE OR REPLACE TABLE main.facts_unc_scores_{pool} AS {query}")
+    con.execute("INSERT OR REPLACE INTO main.store_meta VALUES (?, ?)", [META_KEY, fp])
     return True
