@@ -107,8 +107,14 @@ def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> bool:
     con.execute("DELETE FROM main.store_meta WHERE key = ?", [META_KEY])
     con.execute("CREATE OR REPLACE TABLE main.facts_scored AS SELECT * FROM scored")
     con.execute("CREATE OR REPLACE TABLE main.facts_option_probs AS SELECT * FROM option_probs")
+    # the per-item scores read the two tables just written, not the joins again (less memory)
+    con.execute(
+        """CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM main.facts_scored;
+           CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs;"""
+    )
     for pool in POOLS:
         query = scores_sql(list(STRATA), {"pool": pool})
         con.execute(f"CREATE OR REPLACE TABLE main.facts_unc_scores_{pool} AS {query}")
     con.execute("INSERT OR REPLACE INTO main.store_meta VALUES (?, ?)", [META_KEY, fp])
+    con.execute("DROP VIEW scored; DROP VIEW option_probs")  # a later prepare() builds live views
     return True
