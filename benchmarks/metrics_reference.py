@@ -19,8 +19,9 @@ Resampling metrics use the same randomness as the package, so the numbers can be
 - conformal splits order the units by md5('<seed>:<repeat>:<unit key>') (ties: run_id), as
   documented in ``equipoise/evaluators/metrics/conformal.py``;
 - bootstraps draw from ``numpy.random.default_rng([seed, h])`` with h the first 8 bytes
-  (little-endian) of SHA-256 of the group key joined by '\\x1f', replicate indices floor(u * n),
-  as documented in ``equipoise/evaluators/metrics/robustness.py``;
+  (little-endian) of SHA-256 of the group key joined by '\\x1f', replicate indices floor(u * n)
+  (paired bootstrap) or multinomial counts over the distinct (samples, correct) item kinds
+  (``bootstrap_ci``), as documented in ``equipoise/evaluators/metrics/robustness.py``;
 - md5 train / hold-out splits of the uncertainty metrics: md5(key)[:8] / 2**32 < fraction.
 """
 
@@ -1118,8 +1119,11 @@ def bootstrap_ci(d: Data) -> pd.DataFrame:
     rows = []
     for key, g in _groups(per, ["model"]):
         c, m = g.c.to_numpy(float), g.m.to_numpy(float)
-        reps = _boot(
-            len(c), _rng(0, list(key.values())), lambda idx, c=c, m=m: c[idx].sum(axis=1) / m[idx].sum(axis=1)
+        # the documented stream: multinomial counts of items over the distinct (m, c) kinds
+        kinds = g.groupby(["m", "c"], sort=True).size()
+        counts = _rng(0, list(key.values())).multinomial(len(g), kinds.to_numpy() / len(g), size=N_BOOT)
+        reps = (counts @ kinds.index.get_level_values("c").to_numpy(float)) / (
+            counts @ kinds.index.get_level_values("m").to_numpy(float)
         )
         lo, hi = np.percentile(reps, [2.5, 97.5])
         rows.append(

@@ -25,6 +25,11 @@ app = typer.Typer(
 )
 systems_app = typer.Typer(help="Inspect and use the bundled clinical scoring systems.", no_args_is_help=True)
 app.add_typer(systems_app, name="systems")
+store_app = typer.Typer(
+    help="Maintain DuckDB prediction stores: merge Parquet parts, migrate an older schema.",
+    no_args_is_help=True,
+)
+app.add_typer(store_app, name="store")
 
 # tables here are wide (policy x condition x 5 rates); never squeeze them below 110 columns
 console = Console(width=max(Console().width, 110))
@@ -40,7 +45,7 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
     """Open a store or exit with one line (missing file, locked by another writer, bad limit)."""
     import duckdb
 
-    from equipoise.evaluators.store import StoreLockedError, connect
+    from equipoise.evaluators.store import StoreLockedError, StoreOutdatedError, connect
 
     try:
         if read_only and store.is_dir():  # a folder of Parquet parts: read into an in-memory store
@@ -48,8 +53,22 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
 
             return open_parts(store)
         return connect(store, read_only=read_only, memory_limit=memory_limit)
-    except (FileNotFoundError, StoreLockedError, ValueError, duckdb.Error) as exc:
+    except (FileNotFoundError, StoreLockedError, StoreOutdatedError, ValueError, duckdb.Error) as exc:
         _fail(str(exc).splitlines()[0])
+
+
+def _refresh_facts(con: Any) -> None:
+    """After a write: recompute the store's fact tables (what ``equipoise metrics`` reads) in one
+    pass. The predictions are already committed; should this fail, metrics still compute from the
+    source tables, so it is a warning, not an error."""
+    import duckdb
+
+    from equipoise.evaluators.metrics import facts
+
+    try:
+        facts.refresh(con)
+    except duckdb.Error as exc:
+        err.print(f"warning: fact tables not refreshed ({str(exc).splitlines()[0]}); metrics stay correct")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,6 +490,7 @@ def quickstart(
         n_runs = 0
         for folder in folders.values():
             n_runs += len(run_reference_policies(con, folder, seed=seed))
+        _refresh_facts(con)
         det = con.execute(DETERMINABILITY_SQL)
         det_rows, det_cols = det.fetchall(), [d[0] for d in det.description]
         mcq = con.execute(MCQ_SQL)
@@ -651,6 +671,7 @@ def run_cmd(
             outcome = execute_run(con, spec, loaded, self_eval_of=self_eval_of, other_judge=other_judge)
         except (ValueError, DatasetVersionError, PlanError) as exc:
             _fail(str(exc))
+        _refresh_facts(con)
     finally:
         con.close()
     summary = outcome.summary
@@ -679,10 +700,6 @@ def run_cmd(
 # ---------------------------------------------------------------------------------------------
 # evaluation plans (a whole sweep in one command) and Parquet parts
 # ---------------------------------------------------------------------------------------------
-store_app = typer.Typer(help="Maintain prediction stores (merge Parquet parts).", no_args_is_help=True)
-app.add_typer(store_app, name="store")
-
-
 @app.command("eval")
 def eval_cmd(
     plan_file: Annotated[
@@ -775,6 +792,7 @@ def eval_cmd(
                         console=err,
                     )
                 summary = sweep_summary(con, [p.run_id for p in planned])
+                _refresh_facts(con)
             except (RayUnavailable, ShardFailed) as exc:
                 _fail(str(exc))
             except (PlanError, ValueError, DatasetVersionError) as exc:
@@ -798,6 +816,8 @@ def eval_cmd(
             else:
                 run_sweep(planned, con, shard=sh, sink=sink, console=err)
             summary = sweep_summary(con, [p.run_id for p in planned])
+            if sink is None:  # a store file: keep its fact tables current (parts have none)
+                _refresh_facts(con)
         except (PlanError, ValueError, DatasetVersionError) as exc:
             _fail(str(exc))
     finally:
@@ -897,6 +917,7 @@ def store_ingest(
     con = _connect(store)
     try:
         res = _or_fail(lambda: ingest_parts(con, parts))
+        _refresh_facts(con)
     finally:
         con.close()
     added = ", ".join(f"{k} {v}" for k, v in res.added.items() if v)
@@ -942,6 +963,7 @@ def import_cmd(
             res = import_predictions(con, file)
         except ImportError_ as exc:
             _fail(str(exc))
+        _refresh_facts(con)
     finally:
         con.close()
     console.print(f"imported {file}: {res.rows} record(s), {res.added} new, runs {', '.join(res.runs)}")
@@ -1025,9 +1047,17 @@ def metrics(
         ),
     ] = None,
     memory_limit: MemoryLimit = None,
+    no_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-cache",
+            help="Compute every metric even when <store>.cache/ holds it for this exact store content.",
+        ),
+    ] = False,
 ) -> None:
     """Compute registered metrics in SQL over a store, grouped by any strata (model, suite, variant,
-    k, framing, condition, specialty, question_type, imaging_modality, ...)."""
+    k, framing, condition, specialty, question_type, imaging_modality, ...). Results are cached in
+    <store>.cache/ keyed by the store's content, so asking again for an unchanged store is instant."""
     import duckdb
 
     from equipoise.evaluators.metrics.registry import REGISTRY, STRATA, _load_all, compute
@@ -1049,22 +1079,51 @@ def metrics(
     unused = [k for k in given if not any(k in REGISTRY[n].params for n in names)]
     if unused:
         _fail(f"no selected metric takes parameter(s) {unused}; see equipoise metrics --list")
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from equipoise.evaluators.metrics import cache
     from equipoise.evaluators.metrics.registry import prepare, write_result
 
     con = _connect(store, read_only=True, memory_limit=memory_limit)
     out: dict[str, Any] = {}
     if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            con.close()
+            _fail(f"{out_dir}: cannot create the output folder ({exc.strerror or exc})")
     try:
-        prepare(con, materialize=True)  # the base joins once for all metrics, not once per metric
+        version = None if no_cache else cache.content_version(con, store)
+        prepared = False
         for name in names:
             mine = {k: v for k, v in given.items() if k in REGISTRY[name].params}
+            k = None if version is None else cache.key(version, name, by, mine)
             try:
                 if out_dir is not None:
-                    rows = write_result(con, name, out_dir / f"{name}.parquet", by=by, params=mine)
-                    console.print(f"{name}: {rows:,} rows -> {out_dir / f'{name}.parquet'}", highlight=False)
+                    target = out_dir / f"{name}.parquet"
+                    hit = None if k is None else cache.path_for(store, k)
+                    if hit is not None and hit.exists():
+                        shutil.copyfile(hit, target)
+                        rows = pq.ParquetFile(target).metadata.num_rows
+                    else:
+                        if not prepared:  # the base joins once for all metrics, not once per metric
+                            prepare(con, materialize=True)
+                            prepared = True
+                        rows = write_result(con, name, target, by=by, params=mine)
+                        if k is not None:
+                            cache.put_file(store, k, target)
+                    console.print(f"{name}: {rows:,} rows -> {target}", highlight=False)
                     continue
-                df = compute(con, name, by=by, params=mine)
+                df = None if k is None else cache.get(store, k)
+                if df is None:
+                    if not prepared:
+                        prepare(con, materialize=True)
+                        prepared = True
+                    df = compute(con, name, by=by, params=mine)
+                    if k is not None:
+                        cache.put_frame(store, k, df)
             except KeyError as exc:
                 _fail(str(exc.args[0]))
             except (ValueError, TypeError) as exc:
@@ -1120,19 +1179,47 @@ def report(
 ) -> None:
     """Write every metric as a CSV table and the plots a reader would rather look at (reliability,
     humility deficit, accuracy vs abstention across k, set size, risk-coverage, determinability)."""
+    import duckdb
+
     from equipoise.evaluators.report import write_report
+    from equipoise.evaluators.store import StoreLockedError, StoreOutdatedError
 
     if not store.exists():
         _fail(f"{store}: no such store")
     try:
         rep = write_report(store, out, memory_limit=memory_limit)
-    except ValueError as exc:
+    except (ValueError, StoreLockedError, StoreOutdatedError, duckdb.Error) as exc:
         _fail(str(exc).splitlines()[0])
     console.print(f"wrote {len(rep.tables)} tables and {len(rep.plots)} plots to {out}")
     for p in rep.plots:
         console.print(f"  - {out / p}")
     for s in rep.skipped:
         console.print(f"  [dim]skipped {s}[/]")
+
+
+@store_app.command("migrate")
+def store_migrate(
+    store: Annotated[Path, typer.Argument(help="DuckDB store file to upgrade in place.")],
+) -> None:
+    """Upgrade a store to this package's schema version. Works on a copy that replaces the store
+    only when every step succeeded, so a failure leaves the store as it was."""
+    import duckdb
+
+    from equipoise.evaluators.store import StoreLockedError, StoreOutdatedError, migrate_store
+
+    try:
+        before, after = migrate_store(store)
+    except (FileNotFoundError, StoreLockedError, StoreOutdatedError, OSError, duckdb.Error) as exc:
+        _fail(str(exc).splitlines()[0])
+    if before == after:
+        console.print(f"{store}: already at schema v{after}; nothing to do", highlight=False)
+    else:
+        console.print(f"{store}: migrated schema v{before} -> v{after}", highlight=False)
+    con = _connect(store)
+    try:
+        _refresh_facts(con)
+    finally:
+        con.close()
 
 
 @app.command()

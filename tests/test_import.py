@@ -144,3 +144,82 @@ def test_schema_command_prints_the_import_format():
     r = CliRunner().invoke(app, ["schema", "prediction"])
     schema = json.loads(r.stdout)
     assert "item_id" in schema["properties"] and "option_logprobs" in schema["properties"]
+
+
+def _stored(con) -> dict[str, list[tuple]]:
+    return {
+        t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
+        for t in ("runs", "predictions", "option_scores")
+    }
+
+
+def _variety(nota) -> list[dict]:
+    """Valid records in every shape the format allows: parser-labelled and given labels, an
+    abstain option, no scores, no token log-probs, defaults given and left out, a temperature,
+    integer log-probabilities, two samples, two models."""
+    recs = _records(nota, n=10)
+    recs[0]["parsed_label"] = recs[0]["raw_output"][-1]
+    recs[1].update(raw_output="I cannot answer this.", option_logprobs=None)
+    recs[2].pop("token_logprobs")
+    recs[3].update(backend="import:harness", prompt_style="cot", temperature=0.7, n_output_tokens=9)
+    recs[4]["option_logprobs"] = {k: (0 if i == 0 else -4) for i, k in enumerate(recs[4]["option_logprobs"])}
+    recs[5].update(raw_output="no letter here", latency_ms=None)
+    recs[6]["parsed_label"] = next(iter(recs[6]["option_logprobs"]))
+    extra = dict(recs[7], sample_index=1, raw_output="Answer: A", token_logprobs=[])
+    other = dict(recs[8], model="second-model")
+    return [*recs, extra, other]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_columnar_import_writes_what_the_checked_path_writes(nota, tmp_path, monkeypatch, fmt):
+    import equipoise.evaluators.importer as imp
+
+    recs = _variety(nota)
+    if fmt == "jsonl":
+        f = _write_jsonl(tmp_path / "p.jsonl", recs)
+    else:  # Parquet has no dict-with-free-keys type: no option_logprobs, explicit defaults
+        f = tmp_path / "p.parquet"
+        rows = [{k: v for k, v in r.items() if k != "option_logprobs"} for r in recs]
+        for r in rows:
+            r.setdefault("backend", "import")
+            r.setdefault("prompt_style", "base")
+        pq.write_table(pa.Table.from_pylist(rows), f)
+    fast_con = connect(tmp_path / "fast.duckdb")
+    register(fast_con, nota, "plus_nota")
+    taken = []
+    real = imp._fast_import
+    monkeypatch.setattr(imp, "_fast_import", lambda con, path: taken.append(real(con, path)) or taken[-1])
+    fast = import_predictions(fast_con, f)
+    assert taken and taken[0] is not None  # the columnar path did the import
+    slow_con = connect(tmp_path / "slow.duckdb")
+    register(slow_con, nota, "plus_nota")
+    slow = import_predictions(slow_con, f, fast=False)
+    assert fast == slow and fast.added == len(recs)
+    assert _stored(fast_con) == _stored(slow_con)
+    outcomes = {r[0] for r in fast_con.execute("SELECT DISTINCT outcome FROM predictions").fetchall()}
+    assert {"answered", "unparsed"} <= outcomes
+    assert import_predictions(fast_con, f).added == 0  # idempotent
+    fast_con.close()
+    slow_con.close()
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda r: r.update(backend=None),  # explicit null where a default exists: a validation error
+        lambda r: r.update(sample_index="1"),  # a string the checked path coerces
+        lambda r: r.update(extra_field=1),
+        lambda r: r["option_logprobs"].update(A=0.5),  # a positive log-probability
+    ],
+    ids=["null_backend", "string_index", "extra_field", "positive_logprob"],
+)
+def test_anything_uncertain_takes_the_checked_path(nota, tmp_path, mutate):
+    import equipoise.evaluators.importer as imp
+
+    recs = _records(nota)
+    mutate(recs[3])
+    f = _write_jsonl(tmp_path / "p.jsonl", recs)
+    con = _store(tmp_path, nota)
+    assert imp._fast_import(con, f) is None
+    assert scalar(con, "SELECT count(*) FROM predictions") == 0
+    con.close()

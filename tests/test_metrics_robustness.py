@@ -66,7 +66,7 @@ def _add_extras(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(
         """
         INSERT INTO runs SELECT run_id || '-cot', model, backend, 'cot', prompt_template_id, prompt_sha256,
-               decoding_json, dataset_id, config, package_version FROM runs;
+               decoding_json, dataset_id, config, package_version, NULL FROM runs;
         INSERT INTO predictions
         SELECT run_id || '-cot', item_id, sample_index, raw_output,
                CASE WHEN hash(run_id || item_id || sample_index) % 4 = 0
@@ -91,7 +91,7 @@ def _add_extras(con: duckdb.DuckDBPyConnection) -> None:
             f"""
             CREATE TEMP TABLE pick AS SELECT run_id FROM runs WHERE {where};
             INSERT INTO runs SELECT run_id || '{suffix}', model, backend, {style}, prompt_template_id,
-                   prompt_sha256, {decoding}, dataset_id, config, package_version
+                   prompt_sha256, {decoding}, dataset_id, config, package_version, NULL
             FROM runs WHERE run_id IN (SELECT run_id FROM pick);
             INSERT INTO predictions SELECT * REPLACE (run_id || '{suffix}' AS run_id)
             FROM predictions WHERE run_id IN (SELECT run_id FROM pick);
@@ -490,13 +490,41 @@ def test_bootstrap_ci_matches_numpy(store: Path, combo: tuple[tuple[str, ...], d
         c, m = per_item["sum"].to_numpy(float), per_item["count"].to_numpy(float)
         assert row.n == len(g) and row.n_items == len(per_item)
         assert _close(row.accuracy, g.correct.mean())
-        rng = _rng(seed, key)
-        idx = np.floor(rng.random((n_boot, len(c))) * len(c)).astype(np.int64)
-        reps = c[idx].sum(axis=1) / m[idx].sum(axis=1)
+        # the documented stream: multinomial counts over the distinct (m, c) kinds sorted by (m, c)
+        kinds = pd.DataFrame({"m": m, "c": c}).value_counts().sort_index()
+        km = kinds.index.get_level_values("m").to_numpy(float)
+        kc = kinds.index.get_level_values("c").to_numpy(float)
+        counts = _rng(seed, key).multinomial(len(c), kinds.to_numpy() / len(c), size=n_boot)
+        reps = (counts * kc).sum(axis=1) / (counts * km).sum(axis=1)
         lo, hi = np.percentile(reps, [100 * alpha / 2, 100 * (1 - alpha / 2)])
         assert _close(row.ci_low, lo) and _close(row.ci_high, hi)
         assert row.ci_low <= row.accuracy <= row.ci_high
         assert (row.n_boot, row.seed, row.alpha) == (n_boot, seed, alpha)
+
+
+def test_multinomial_bootstrap_matches_index_resampling() -> None:
+    """Counts over item kinds are the same bootstrap as resampling item indices: with many
+    replicates both give the same replicate distribution (checked on its mean, sd and the 2.5 /
+    97.5 percentiles) for a vector with a handful of kinds."""
+    gen = np.random.default_rng(5)
+    m = gen.integers(1, 4, size=400).astype(float)
+    c = np.minimum(m, gen.integers(0, 3, size=400)).astype(float)
+    n_boot = 40_000
+    idx = np.floor(np.random.default_rng(1).random((n_boot, len(c))) * len(c)).astype(np.int64)
+    direct = c[idx].sum(axis=1) / m[idx].sum(axis=1)
+    kinds = pd.DataFrame({"m": m, "c": c}).value_counts().sort_index()
+    counted = rob.multinomial_bootstrap_ratio(
+        kinds.index.get_level_values("c").to_numpy(float),
+        kinds.index.get_level_values("m").to_numpy(float),
+        kinds.to_numpy(),
+        n_boot,
+        np.random.default_rng(2),
+    )
+    sd = direct.std()
+    assert abs(counted.mean() - direct.mean()) < 0.02 * sd
+    assert abs(counted.std() - sd) < 0.02 * sd
+    for q in (2.5, 97.5):
+        assert abs(np.percentile(counted, q) - np.percentile(direct, q)) < 0.05 * sd
 
 
 # ---------------------------------------------------------------------------------------------

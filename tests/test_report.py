@@ -25,3 +25,33 @@ def test_report_writes_tables_and_pngs(small_clindet, tmp_path):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
     assert (out / "answer_rates.csv").read_text().startswith("model,")
+
+
+def test_risk_coverage_plot_never_builds_the_per_prediction_frame(tmp_path, monkeypatch):
+    """The curve has a point per distinct confidence; the plot reads at most PLOT_POINTS per model
+    from SQL and never asks for the whole metric as a frame."""
+    from equipoise.evaluators import report as rep
+    from equipoise.evaluators.metrics.registry import _load_all, prepare
+    from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+
+    store = tmp_path / "s.duckdb"
+    make_store(store, SyntheticSpec(n_items=300, models=("m1", "m2"), samples=2, seed=5))
+    _load_all()
+    con = connect(store, read_only=True)
+    prepare(con, materialize=True)
+    real = rep.compute
+
+    def guarded(con, name, *a, **k):
+        assert name != "risk_coverage", "the per-prediction curve was built as a frame"
+        return real(con, name, *a, **k)
+
+    monkeypatch.setattr(rep, "compute", guarded)
+    monkeypatch.setattr(rep, "PLOT_POINTS", 20)
+    drawn = []
+    monkeypatch.setattr(rep.plt.Axes, "step", lambda self, x, y, **k: drawn.append((list(x), list(y))))
+    assert rep.plot_risk_coverage(con, tmp_path / "rc.png")
+    con.close()
+    assert len(drawn) == 2
+    for xs, ys in drawn:
+        assert 1 < len(xs) <= 21 and xs == sorted(xs) and xs[-1] == 1.0
+        assert all(0.0 <= y <= 1.0 for y in ys)

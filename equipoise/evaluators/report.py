@@ -15,10 +15,18 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
-import pandas as pd
 
-from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare
+from equipoise.evaluators.metrics.registry import (
+    REGISTRY,
+    _load_all,
+    compute,
+    prepare,
+    result_sql,
+    write_result,
+)
 from equipoise.evaluators.store import connect
+
+PLOT_POINTS = 2000  # most points drawn per risk-coverage curve
 
 
 @dataclass
@@ -120,8 +128,17 @@ def plot_reliability(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
 
 
 def plot_risk_coverage(con: duckdb.DuckDBPyConnection, path: Path) -> bool:
-    """Selective prediction: error rate among the accepted answers as coverage grows."""
-    df = compute(con, "risk_coverage", ["model"])
+    """Selective prediction: error rate among the accepted answers as coverage grows.
+
+    The curve has a point per distinct confidence (about one per prediction); the plot needs no
+    more than its width can show, so SQL keeps the last point of each 1/2000 of coverage (the
+    curve's value there, as a step plot draws it) and no frame of every prediction is built."""
+    sql = result_sql(con, "risk_coverage", ["model"])
+    assert sql is not None  # risk_coverage is one query
+    df = con.execute(
+        f"""SELECT model, max(coverage) AS coverage, arg_max(risk, coverage) AS risk
+            FROM ({sql}) GROUP BY model, floor(coverage * {PLOT_POINTS}) ORDER BY model, coverage"""
+    ).df()
     if df.empty:
         return False
     aurc = compute(con, "aurc", ["model"]).set_index("model").aurc
@@ -210,21 +227,29 @@ PLOTS: dict[str, tuple[tuple[str, ...], Callable[[duckdb.DuckDBPyConnection, Pat
 
 
 def write_report(store: Path, out: Path, memory_limit: str | None = None) -> Report:
-    """Every metric as CSV plus the plots; ``memory_limit`` as in ``store.connect``."""
+    """Every metric as CSV plus the plots; ``memory_limit`` as in ``store.connect``.
+
+    Tables go through ``write_result``: a metric that is one query is copied by DuckDB straight to
+    its CSV, so no frame of all predictions (or per-item scores) is built here; only the small
+    aggregated results and the plots' inputs pass through pandas. A folder that cannot be created
+    is a ``ValueError`` naming it, raised before the store is opened.
+    """
     _load_all()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from exc
     con = connect(store, read_only=True, memory_limit=memory_limit)
-    out.mkdir(parents=True, exist_ok=True)
     rep = Report(out)
     try:
         prepare(con, materialize=True)  # the base joins once for every table and plot
         for name in sorted(REGISTRY):
+            path = out / f"{name}.csv"
             try:
-                df: pd.DataFrame = compute(con, name)
+                write_result(con, name, path)
             except (duckdb.Error, ValueError) as exc:
                 rep.skipped.append(f"{name}: {str(exc).splitlines()[0]}")
                 continue
-            path = out / f"{name}.csv"
-            df.to_csv(path, index=False)
             rep.tables.append(path.name)
         for fname, (needs, fn) in PLOTS.items():
             if not all(n in REGISTRY for n in needs):

@@ -16,12 +16,23 @@ Tables (schema v1):
 - ``option_scores`` one row per run x item x sample x option with the option's log-probability
                 (long format so softmax, LAC and APS are plain window functions).
 
-Primary keys plus ``INSERT OR IGNORE`` make writes idempotent: a rerun after a crash adds only what
-is missing, and importing the same file twice adds nothing.
+Writes are idempotent: a rerun after a crash adds only what is missing, and importing the same file
+twice adds nothing. Small tables have primary keys and ``INSERT OR IGNORE``; from schema v2 the two
+hot tables (predictions, option_scores) have no index and the write path keeps their keys unique
+(stage, anti-join, append; :data:`HOT_KEYS`).
+
+Schema v2 adds ``runs.parent_run_id`` (the run a derived run, e.g. a self-evaluation, was made from;
+NULL otherwise) and ``store_meta`` (key/value facts about the store, e.g. the fingerprint of the
+derived metric tables). A new store is created at the latest version. An existing store at an older
+version is never upgraded behind the user's back: opening it raises :class:`StoreOutdatedError`
+naming the one command that upgrades it (``equipoise store migrate STORE``, :func:`migrate_store`),
+which works on a copy and swaps it in only when every step succeeded.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from equipoise.schemas.features import to_table
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 MIGRATIONS: list[tuple[int, str]] = [
     (
@@ -122,7 +133,55 @@ MIGRATIONS: list[tuple[int, str]] = [
         );
         """,
     ),
+    (
+        2,
+        """
+        ALTER TABLE runs ADD COLUMN parent_run_id VARCHAR;
+        CREATE TABLE store_meta (
+            key VARCHAR PRIMARY KEY,
+            value VARCHAR NOT NULL
+        );
+        -- the two hot tables lose their primary key (an ART index costs ~4x a plain append); their
+        -- key is kept unique by the write path (see HOT_KEYS): stage, anti-join, append
+        CREATE TABLE predictions_v2 (
+            run_id VARCHAR NOT NULL,
+            item_id VARCHAR NOT NULL,
+            sample_index INTEGER NOT NULL,
+            raw_output VARCHAR NOT NULL,
+            parsed_label VARCHAR,
+            parse_method VARCHAR NOT NULL,
+            outcome VARCHAR NOT NULL,
+            token_logprob_sum DOUBLE,
+            token_logprob_mean DOUBLE,
+            token_logprob_min DOUBLE,
+            n_output_tokens INTEGER,
+            latency_ms DOUBLE,
+            error VARCHAR
+        );
+        INSERT INTO predictions_v2 SELECT * FROM predictions;
+        DROP TABLE predictions;
+        ALTER TABLE predictions_v2 RENAME TO predictions;
+        CREATE TABLE option_scores_v2 (
+            run_id VARCHAR NOT NULL,
+            item_id VARCHAR NOT NULL,
+            sample_index INTEGER NOT NULL,
+            label VARCHAR NOT NULL,
+            logprob DOUBLE NOT NULL
+        );
+        INSERT INTO option_scores_v2 SELECT * FROM option_scores;
+        DROP TABLE option_scores;
+        ALTER TABLE option_scores_v2 RENAME TO option_scores;
+        """,
+    ),
 ]
+
+# Tables without a primary key whose rows are still unique on these columns: every write through
+# this module stages the batch, drops rows whose key is already stored (anti-join) or repeated in
+# the batch, and appends the rest. Idempotent like INSERT OR IGNORE, without an index to maintain.
+HOT_KEYS: dict[str, tuple[str, ...]] = {
+    "predictions": ("run_id", "item_id", "sample_index"),
+    "option_scores": ("run_id", "item_id", "sample_index", "label"),
+}
 
 
 class _Row(BaseModel):
@@ -186,6 +245,7 @@ class RunRow(_Row):
     dataset_id: str
     config: str
     package_version: str
+    parent_run_id: str | None = None
 
 
 Outcome = Literal["answered", "abstained", "unparsed", "error"]
@@ -230,7 +290,10 @@ TABLE_MODELS: dict[str, type[BaseModel]] = {name: model for model, name in _TABL
 
 
 def primary_key(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
-    """The primary-key columns of ``table``, read from the store itself (not restated elsewhere)."""
+    """The key columns of ``table``: :data:`HOT_KEYS` for the hot tables (kept unique by the write
+    path, without an index), else the primary key read from the store itself."""
+    if table in HOT_KEYS:
+        return list(HOT_KEYS[table])
     rows = con.execute(
         "SELECT constraint_column_names FROM duckdb_constraints() "
         "WHERE table_name = ? AND constraint_type = 'PRIMARY KEY'",
@@ -291,12 +354,96 @@ def connect(
                 f"{path}: another process is writing this store; wait for it to finish and run again"
             ) from exc
         raise
-    if not read_only:
-        migrate(con)
+    try:
+        current = store_version(con)
+        if current > SCHEMA_VERSION:
+            raise StoreOutdatedError(
+                f"{path}: store schema v{current} is newer than this package (v{SCHEMA_VERSION}); "
+                "upgrade equipoise"
+            )
+        if 0 < current < SCHEMA_VERSION:
+            raise StoreOutdatedError(
+                f"{path}: store schema v{current} is older than this package (v{SCHEMA_VERSION}); "
+                f"upgrade it with: equipoise store migrate {path}"
+            )
+        if not read_only:
+            migrate(con)
+    except BaseException:
+        con.close()
+        raise
     return con
 
 
+class StoreOutdatedError(RuntimeError):
+    """The store was written by another schema version; the message names the fix."""
+
+
+def store_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The store's schema version; 0 for an empty file (no ``schema_version`` table yet)."""
+    exists = scalar(
+        con,
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() "
+        "AND schema_name = 'main' AND table_name = 'schema_version'",
+    )
+    if not exists:
+        return 0
+    return int(scalar(con, "SELECT coalesce(max(version), 0) FROM main.schema_version"))
+
+
+def migrate_store(path: Path) -> tuple[int, int]:
+    """Upgrade the store file at ``path`` to :data:`SCHEMA_VERSION`, atomically.
+
+    Why a copy: a migration that fails half-way (disk full, a kill, a bug) must leave the user's
+    store exactly as it was. The store is first checkpointed (its write-ahead log folded into the
+    file, no content change), then copied to ``<store>.migrating``; the migrations run on the copy,
+    which is checkpointed and closed, and only then renamed over the original (``os.replace``, atomic
+    on one file system). On any error the copy is removed and the original is untouched. Returns
+    (version before, version after); a store already at the latest version is left alone.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such store")
+    try:
+        con = duckdb.connect(str(path))
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise StoreLockedError(
+                f"{path}: another process is writing this store; wait for it to finish and run again"
+            ) from exc
+        raise
+    try:
+        before = store_version(con)
+        if before > SCHEMA_VERSION:
+            raise StoreOutdatedError(
+                f"{path}: store schema v{before} is newer than this package (v{SCHEMA_VERSION}); "
+                "upgrade equipoise"
+            )
+        if before == SCHEMA_VERSION:
+            return before, before
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    tmp = path.with_name(path.name + ".migrating")
+    for leftover in (tmp, Path(f"{tmp}.wal")):
+        leftover.unlink(missing_ok=True)
+    try:
+        shutil.copyfile(path, tmp)
+        con = duckdb.connect(str(tmp))
+        try:
+            after = migrate(con)
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        os.replace(tmp, path)
+    except BaseException:
+        for leftover in (tmp, Path(f"{tmp}.wal")):
+            leftover.unlink(missing_ok=True)
+        raise
+    return before, after
+
+
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
+    """Apply every migration newer than the store's version, each in its own transaction."""
     con.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY)")
     current = int(scalar(con, "SELECT coalesce(max(version), 0) FROM schema_version"))
     if current > SCHEMA_VERSION:
@@ -323,8 +470,7 @@ def insert_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> 
     con.register("_incoming", table)
     try:
         con.execute("BEGIN TRANSACTION")
-        cols = ", ".join(table.column_names)
-        con.execute(f"INSERT OR IGNORE INTO {name} ({cols}) SELECT {cols} FROM _incoming")
+        con.execute(_append_sql(name, table.column_names, "_incoming"))
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
@@ -332,6 +478,40 @@ def insert_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> 
     finally:
         con.unregister("_incoming")
     return int(scalar(con, f"SELECT count(*) FROM {name}") - before)
+
+
+def _append_sql(name: str, columns: Sequence[str], source: str, unique: bool = False) -> str:
+    """The idempotent insert of ``source`` into table ``name``: INSERT OR IGNORE where the table
+    has a primary key; for a hot table (:data:`HOT_KEYS`) the rows whose key is not stored yet,
+    the first of any key repeated within the batch (``unique``: the caller checked there is none)."""
+    cols = ", ".join(columns)
+    key = HOT_KEYS.get(name)
+    if key is None:
+        return f"INSERT OR IGNORE INTO {name} ({cols}) SELECT {cols} FROM {source}"
+    keys = ", ".join(key)
+    on = " AND ".join(f"t.{k} = s.{k}" for k in key)
+    if unique:
+        return f"""
+        INSERT INTO {name} ({cols})
+        SELECT {cols} FROM {source} s
+        WHERE NOT EXISTS (
+            SELECT 1 FROM {name} t
+            WHERE {on} AND t.run_id IN (SELECT DISTINCT run_id FROM {source})
+        )
+    """
+    return f"""
+        INSERT INTO {name} ({cols})
+        SELECT {cols} FROM (
+            SELECT *, row_number() OVER (PARTITION BY {keys} ORDER BY _pos) AS _nth
+            FROM (SELECT *, row_number() OVER () AS _pos FROM {source}) s
+            WHERE NOT EXISTS (
+                SELECT 1 FROM {name} t
+                WHERE {on}
+                  AND t.run_id IN (SELECT DISTINCT run_id FROM {source})
+            )
+        )
+        WHERE _nth = 1
+    """
 
 
 def insert(con: duckdb.DuckDBPyConnection, model: type[BaseModel], rows: Sequence[BaseModel]) -> int:
@@ -345,19 +525,22 @@ def insert_batch(
     con: duckdb.DuckDBPyConnection,
     batches: list[tuple[type[BaseModel], Sequence[BaseModel]]],
     tables: list[tuple[str, pa.Table]] | None = None,
+    unique: bool = False,
 ) -> None:
     """Insert several tables' rows in ONE transaction: a prediction and its option scores are
     committed together or not at all, so a kill between them can never leave half a sample.
-    ``tables`` takes already-built Arrow tables (bulk paths that skip per-row objects)."""
+    ``tables`` takes already-built Arrow tables (bulk paths that skip per-row objects).
+    ``unique=True`` says the caller has already checked that no key repeats within ``tables``
+    (the importer does), which spares the hot tables the in-batch de-duplication."""
     todo = [(_TABLES[m], to_table(m, list(rows))) for m, rows in batches if rows]
+    n_models = len(todo)
     todo += [(name, t) for name, t in (tables or []) if t.num_rows]
     con.execute("BEGIN TRANSACTION")
     try:
         for i, (name, table) in enumerate(todo):
             view = f"_incoming_{i}"
             con.register(view, table)
-            cols = ", ".join(table.column_names)
-            con.execute(f"INSERT OR IGNORE INTO {name} ({cols}) SELECT {cols} FROM {view}")
+            con.execute(_append_sql(name, table.column_names, view, unique=unique and i >= n_models))
             con.unregister(view)
         con.execute("COMMIT")
     except Exception:

@@ -17,6 +17,8 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
+from equipoise.evaluators.metrics import facts
+
 SQL_DIR = Path(__file__).parent / "sql"
 
 # columns of the `scored` view a metric may be grouped by
@@ -79,8 +81,19 @@ def temp_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
 
 
+FACTS_MARK = "_facts_in_use"  # TEMP table: this connection reads the store's current fact tables
+
+
 def _materialized(con: duckdb.DuckDBPyConnection) -> bool:
-    return set(BASE_RELATIONS) <= temp_tables(con)
+    """Whether the base relations are fixed for this connection (TEMP tables, or views over the
+    store's fact tables found current by ``prepare``)."""
+    temps = temp_tables(con)
+    return set(BASE_RELATIONS) <= temps or FACTS_MARK in temps
+
+
+def uses_facts(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether ``prepare`` found the store's fact tables current and reads them."""
+    return FACTS_MARK in temp_tables(con)
 
 
 def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
@@ -90,9 +103,17 @@ def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
     connection that also writes. ``materialize=True`` computes them once into TEMP tables for the
     rest of the connection, which is what a read-only pass over many metrics wants (the joins of
     predictions to runs, items and options are most of each metric's cost). Once materialized,
-    later calls keep the tables.
+    later calls keep the tables. When the store holds current fact tables (``facts.refresh``,
+    checked by fingerprint) ``materialize=True`` reads those instead of computing anything.
     """
     if _materialized(con):
+        return
+    if materialize and facts.current(con) is not None:
+        con.execute(
+            f"""CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM main.facts_scored;
+            CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs;
+            CREATE TEMP TABLE {FACTS_MARK} (x INTEGER);"""
+        )
         return
     sql = (SQL_DIR / "base_views.sql").read_text(encoding="utf-8")
     if materialize:
@@ -163,7 +184,8 @@ def write_result(
     by: Sequence[str] | None = None,
     params: dict | None = None,
 ) -> int:
-    """Compute metric ``name`` into a Parquet file; returns its row count.
+    """Compute metric ``name`` into a Parquet file (a CSV file when ``path`` ends in .csv); returns
+    its row count.
 
     A metric that is one query is copied by DuckDB straight to the file (``COPY ... TO``), so no
     pandas frame of it ever exists: what makes per-item tables of a 10M-prediction store fit in a
@@ -171,12 +193,17 @@ def write_result(
     """
     sql = result_sql(con, name, by, params)
     path = Path(path)
+    csv = path.suffix.lower() == ".csv"
     if sql is None:
         df = compute(con, name, by, params)
-        df.to_parquet(path, index=False)
+        if csv:
+            df.to_csv(path, index=False)
+        else:
+            df.to_parquet(path, index=False)
         return len(df)
     quoted = "'" + str(path).replace("'", "''") + "'"
-    copied = con.execute(f"COPY ({sql}) TO {quoted} (FORMAT parquet)").fetchone()  # (rows written,)
+    fmt = "FORMAT csv, HEADER true" if csv else "FORMAT parquet"
+    copied = con.execute(f"COPY ({sql}) TO {quoted} ({fmt})").fetchone()  # (rows written,)
     return int(copied[0]) if copied else 0
 
 

@@ -30,7 +30,9 @@ NULL are counted (``n_with_uncertainty`` / ``n_missing``) and left out of uncert
   percentiles); ``p_value`` = min(1, 2 min(share of replicate means <= 0, share >= 0)).
 - ``bootstrap_ci`` (``rob_item_accuracy.sql``): accuracy per group (any data, all samples, unparsed =
   wrong) with a percentile bootstrap CI that resamples items (a (run, item) with all its samples):
-  replicate accuracy = sum of resampled correct counts / sum of resampled sample counts.
+  replicate accuracy = sum of resampled correct counts / sum of resampled sample counts. Items are
+  resampled as multinomial counts over their distinct kinds (see the stream below), which is the
+  same bootstrap distribution as drawing item indices, at a cost independent of the item count.
 
 Bootstraps are seeded (param ``seed``, a non-negative integer, default 0) per group, so a group's
 interval does not depend on which other groups exist or how the rows are grouped around it. The
@@ -40,8 +42,12 @@ separator '\\x1f', hashed with SHA-256, and the first 8 bytes read as a little-e
 ``h``; the generator is ``numpy.random.default_rng([seed, h])``. Replicate r takes the n indices
 ``floor(u * n)`` from the next n uniforms ``u`` of ``rng.random`` (row-major: all of replicate 0,
 then replicate 1, ...). Replicates are drawn in blocks to bound memory; the stream is the same
-whatever the block size. The SQL does the pairing and aggregation; Python only resamples the small
-per-group vectors that SQL returns.
+whatever the block size. ``bootstrap_ci`` draws from the same per-group generator differently: the
+group's items are reduced to their distinct kinds (m samples, c correct) sorted by (m, c) with
+``n_kind`` items each (n = sum of ``n_kind``), and the replicate counts are the rows of
+``rng.multinomial(n, n_kind / n, size=n_boot)`` (one call, float64 probabilities); replicate r's
+accuracy is sum(counts_r * c) / sum(counts_r * m). The SQL does the pairing and aggregation;
+Python only resamples the small per-group vectors that SQL returns.
 
 Parameters are checked before any SQL runs: unknown names, out-of-range or non-integral numbers and
 variant names outside ``[A-Za-z0-9_.:+-]`` raise ``ValueError``; nothing a caller passes is pasted
@@ -186,13 +192,6 @@ def bootstrap_means(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.
     return np.concatenate([x[idx].mean(axis=1) for idx in resample_indices(rng, len(x), n_boot)])
 
 
-def bootstrap_ratio(c: np.ndarray, m: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """Replicate values of sum(c) / sum(m) with the (c, m) pairs resampled together."""
-    return np.concatenate(
-        [c[idx].sum(axis=1) / m[idx].sum(axis=1) for idx in resample_indices(rng, len(c), n_boot)]
-    )
-
-
 # ---------------------------------------------------------------------------------------------
 # metrics
 # ---------------------------------------------------------------------------------------------
@@ -260,23 +259,42 @@ def _paired_bootstrap(con: duckdb.DuckDBPyConnection, by: Sequence[str], params:
     return out
 
 
+def multinomial_bootstrap_ratio(
+    c: np.ndarray, m: np.ndarray, n_kind: np.ndarray, n_boot: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Replicate values of sum(c) / sum(m) over items resampled with replacement, drawn as counts.
+
+    Drawing n items with replacement from items of K kinds (kind k: ``n_kind[k]`` items, each
+    with c[k] correct of m[k] samples) only matters through how many of each kind are drawn, and
+    those counts are Multinomial(n, n_kind / n). One ``rng.multinomial`` call of shape
+    (n_boot, K) therefore gives the whole bootstrap at a cost independent of the number of items.
+    """
+    n = int(n_kind.sum())
+    counts = rng.multinomial(n, n_kind / n, size=n_boot).astype(float)
+    return (counts @ c) / (counts @ m)
+
+
 def _bootstrap_ci(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     _check_names("bootstrap_ci", params)
     alpha, n_boot, seed = _alpha(params), _n_boot(params), _seed(params)
     df = con.execute(render_sql(REGISTRY["bootstrap_ci"], by, params)).df()
     lows, highs = [], []
-    for key, c, m in zip(df[list(by)].itertuples(index=False), df.c, df.m, strict=True):
+    for key, c, m, k in zip(df[list(by)].itertuples(index=False), df.c, df.m, df.n_kind, strict=True):
         if not isinstance(c, (list, np.ndarray)) or len(c) == 0:  # by=[] and no predictions: one NULL row
             lows.append(np.nan)
             highs.append(np.nan)
             continue
-        reps = bootstrap_ratio(
-            np.asarray(c, dtype=float), np.asarray(m, dtype=float), n_boot, group_rng(seed, tuple(key))
+        reps = multinomial_bootstrap_ratio(
+            np.asarray(c, dtype=float),
+            np.asarray(m, dtype=float),
+            np.asarray(k, dtype=np.int64),
+            n_boot,
+            group_rng(seed, tuple(key)),
         )
         lo, hi = percentile_ci(reps, alpha)
         lows.append(lo)
         highs.append(hi)
-    out = df.drop(columns=["c", "m"])
+    out = df.drop(columns=["c", "m", "n_kind"])
     out["ci_low"] = lows
     out["ci_high"] = highs
     out["n_boot"] = n_boot

@@ -71,6 +71,7 @@ from equipoise.evaluators.metrics.registry import (
     register,
     render_sql,
     temp_tables,
+    uses_facts,
 )
 
 # a statement of confidence: the word, up to 20 non-digit characters, a number, an optional '%'
@@ -192,9 +193,12 @@ def _scores_source(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: di
     if not _materialized(con):
         return scores_sql(by, params)
     pool = str(params["pool"])
+    scores_sql([], params)  # validates the pool before its name is used
     table = f"_unc_scores_cache_{pool}"
     all_by = [*STRATA]
-    if table not in temp_tables(con):
+    if uses_facts(con):
+        table = f"main.facts_unc_scores_{pool}"  # computed by facts.refresh with the same query
+    elif table not in temp_tables(con):
         # the key is validated by scores_sql before the name is used
         con.execute(f"CREATE TEMP TABLE {table} AS {scores_sql(all_by, params)}")
     cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]

@@ -1,19 +1,26 @@
--- Per group: accuracy over all samples (unparsed = wrong) and, for the bootstrap, each item's number
--- of samples m and of correct samples c as two lists in a fixed (run_id, item_id) order. An item is
--- one (run, item); the bootstrap resamples items, keeping an item's samples together.
--- Self-evaluation runs are excluded.
+-- Per group: accuracy over all samples (unparsed = wrong) and, for the bootstrap, the distinct
+-- item kinds: an item is one (run, item) with m samples of which c are correct; the lists hold each
+-- distinct (m, c) pair and how many items have it, ordered by (m, c). Resampling items with
+-- replacement only changes how many items of each kind are drawn (multinomial counts), so the
+-- bootstrap needs these few kinds, never a list of every item. Self-evaluation runs are excluded.
 WITH i AS (
     SELECT {by} run_id AS _run, item_id AS _item, count(*) AS m, sum(correct::INT)::BIGINT AS c
     FROM scored
     WHERE NOT starts_with(prompt_style, 'self_eval:')
     GROUP BY ALL
+),
+kinds AS (
+    SELECT {by} m, c, count(*) AS n_kind
+    FROM i
+    GROUP BY ALL
 )
 SELECT {by}
-       coalesce(sum(m), 0)::BIGINT          AS n,
-       count(*)                             AS n_items,
-       sum(c) / sum(m)                      AS accuracy,
-       list(c ORDER BY _run, _item)         AS c,
-       list(m ORDER BY _run, _item)         AS m
-FROM i
+       coalesce(sum(m * n_kind), 0)::BIGINT          AS n,
+       coalesce(sum(n_kind), 0)::BIGINT              AS n_items,
+       sum(c * n_kind) / sum(m * n_kind)             AS accuracy,
+       list(c ORDER BY m, c)                         AS c,
+       list(m ORDER BY m, c)                         AS m,
+       list(n_kind ORDER BY m, c)                    AS n_kind
+FROM kinds
 {group_by}
 ORDER BY ALL
