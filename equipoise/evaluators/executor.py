@@ -208,21 +208,7 @@ def execute_planned(
             results.append(SweepResult(p, _self_eval(p, con, loaded, backend, shard, sink, hook)))
             continue
         if sink is not None:
-            from equipoise.evaluators.runner import plan_run
-            from equipoise.evaluators.store import RunRow, insert
-
-            ident = plan_run(
-                Path(spec.folder),
-                loaded,
-                backend.model,
-                backend.name,
-                spec.style,
-                spec.decoding,
-                pool_config=spec.pool,
-                shots=spec.shots,
-            )
-            insert(con, RunRow, [ident.row])
-            sink.write_meta(p, loaded)
+            sink.write_meta_for(spec, loaded, backend)
         summary = run(
             con,
             Path(spec.folder),
