@@ -81,21 +81,7 @@ def execute_run(
             ).fetchall()
         )
         return RunOutcome(summary, verdicts=verdicts)
-    summary = run(
-        con,
-        folder,
-        spec.config,
-        backend,
-        style=spec.style,
-        decoding=spec.decoding,
-        limit=spec.limit,
-        loaded=loaded,
-        batch=spec.commit_every,
-        pool_config=spec.pool,
-        shots=spec.shots,
-        parse_fallback=fallback,
-        progress=progress,
-    )
+    summary = run_spec(con, spec, loaded, backend, parse_fallback=fallback, progress=progress)
     acc = con.execute(ACCURACY_SQL, [summary.run_id]).fetchall()[0][0]
     return RunOutcome(summary, accuracy=acc)
 
@@ -196,38 +182,70 @@ def execute_planned(
         spec = p.spec
         loaded = register(con, Path(spec.folder), spec.config, location=spec.dataset)
         cache[(spec.folder, spec.config)] = loaded
-        if spec.backend == "reference":
-            backend = make_backend(spec, {loaded.item_id(r): r for r in loaded.records})
-        else:
-            bkey = (spec.backend, spec.model, spec.base_url, spec.concurrency)
-            if bkey not in backends:
-                backends[bkey] = make_backend(spec, {})
-            backend = backends[bkey]
+        backend = backend_for(spec, loaded, backends)
         hook = (lambda n, _p=p: on_rows(_p, n)) if on_rows is not None else None
         if p.of_run is not None:
             results.append(SweepResult(p, _self_eval(p, con, loaded, backend, shard, sink, hook)))
             continue
         if sink is not None:
             sink.write_meta_for(spec, loaded, backend)
-        summary = run(
+        summary = run_spec(
             con,
-            Path(spec.folder),
-            spec.config,
+            spec,
+            loaded,
             backend,
-            style=spec.style,
-            decoding=spec.decoding,
-            limit=spec.limit,
-            batch=spec.commit_every,
-            progress=False,
-            loaded=loaded,
-            pool_config=spec.pool,
-            shots=spec.shots,
             keep=shard.keeps,
             on_rows=hook,
             on_batch=sink.on_batch if sink is not None else None,
         )
         results.append(SweepResult(p, summary))
     return results
+
+
+def backend_for(spec: RunSpec, loaded: LoadedConfig, backends: dict[tuple, Any]) -> Any:
+    """The backend of ``spec``: a reference policy is built per config (it reads the gold labels of
+    exactly these records); any other backend is shared through ``backends`` by endpoint, so its
+    client and concurrency cap serve every run of the same model."""
+    if spec.backend == "reference":
+        return make_backend(spec, {loaded.item_id(r): r for r in loaded.records})
+    key = (spec.backend, spec.model, spec.base_url, spec.concurrency)
+    if key not in backends:
+        backends[key] = make_backend(spec, {})
+    return backends[key]
+
+
+def run_spec(
+    con: duckdb.DuckDBPyConnection,
+    spec: RunSpec,
+    loaded: LoadedConfig,
+    backend: Any,
+    keep: Callable[[str], bool] | None = None,
+    on_rows: Callable[[int], None] | None = None,
+    on_batch: Callable[[list[PredictionRow], list[OptionScoreRow]], None] | None = None,
+    parse_fallback: ParseFallback | None = None,
+    progress: bool = False,
+) -> RunSummary:
+    """One decision run of ``spec`` (its style, decoding, limit, pool and shots), restricted to the
+    items ``keep`` accepts: the single place a spec becomes a :func:`runner.run` call, for
+    ``equipoise run``, the in-process sweep and the Ray replicas alike."""
+    return run(
+        con,
+        Path(spec.folder),
+        spec.config,
+        backend,
+        style=spec.style,
+        decoding=spec.decoding,
+        limit=spec.limit,
+        batch=spec.commit_every,
+        progress=progress,
+        loaded=loaded,
+        pool_config=spec.pool,
+        shots=spec.shots,
+        parse_fallback=parse_fallback,
+        keep=keep,
+        on_rows=on_rows,
+        on_batch=on_batch,
+    )
 
 
 def _self_eval(

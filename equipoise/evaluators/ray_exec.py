@@ -184,12 +184,11 @@ class Replica:
         self.root = Path(root)
         self.sink = PartsSink(self.root, Shard(), load=False)
         self.loaded: dict[int, Any] = {}
-        self.backends: dict[tuple[str, str, str | None, int], Any] = {}
+        self.backends: dict[tuple, Any] = {}
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        from equipoise.evaluators.executor import backend_for, run_spec
         from equipoise.evaluators.ingest import register
-        from equipoise.evaluators.planner import make_backend
-        from equipoise.evaluators.runner import run
 
         runs = [int(x) for x in batch["run"]]
         items = [str(x) for x in batch["item_id"]]
@@ -200,30 +199,11 @@ class Replica:
                     self.sink.con, Path(spec.folder), spec.config, location=spec.dataset
                 )
             loaded = self.loaded[k]
-            if spec.backend == "reference":
-                backend = make_backend(spec, {loaded.item_id(r): r for r in loaded.records})
-            else:
-                key = (spec.backend, spec.model, spec.base_url, spec.concurrency)
-                if key not in self.backends:
-                    self.backends[key] = make_backend(spec, {})
-                backend = self.backends[key]
+            backend = backend_for(spec, loaded, self.backends)
             mine = {i for r, i in zip(runs, items, strict=True) if r == k}
             self.sink.write_meta_for(spec, loaded, backend)
-            run(
-                self.sink.con,
-                Path(spec.folder),
-                spec.config,
-                backend,
-                style=spec.style,
-                decoding=spec.decoding,
-                limit=spec.limit,
-                batch=spec.commit_every,
-                progress=False,
-                loaded=loaded,
-                pool_config=spec.pool,
-                shots=spec.shots,
-                keep=mine.__contains__,
-                on_batch=self.sink.on_batch,
+            run_spec(
+                self.sink.con, spec, loaded, backend, keep=mine.__contains__, on_batch=self.sink.on_batch
             )
         return {"run": runs, "item_id": items}
 
