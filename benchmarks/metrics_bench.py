@@ -298,7 +298,19 @@ class _Results:
         (self.outdir / "timings.json").write_text(json.dumps(info, indent=2))
 
 
-def child_duckdb(store: Path, outdir: Path, memory_limit: str | None) -> None:
+def _selected(names: list[str], only: str | None, strict: bool = True) -> list[str]:
+    """The metrics to time: all, or the comma-separated ``--metrics`` subset (unknown names refused
+    when ``strict``; the reference may lack a registered metric, which the report then flags)."""
+    if not only:
+        return names
+    wanted = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = sorted(set(wanted) - set(names))
+    if unknown and strict:
+        raise SystemExit(f"--metrics: unknown metric(s) {', '.join(unknown)}; known: {', '.join(names)}")
+    return [n for n in names if n in wanted]
+
+
+def child_duckdb(store: Path, outdir: Path, memory_limit: str | None, only: str | None = None) -> None:
     """`equipoise metrics --out DIR` with no other options, timed per metric (compute + write)."""
     from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, prepare, write_result
     from equipoise.evaluators.store import connect
@@ -314,7 +326,7 @@ def child_duckdb(store: Path, outdir: Path, memory_limit: str | None) -> None:
     ).fetchall()[0]
     prepare(con, materialize=True)
     res.step("(open + prepare)", time.perf_counter() - t0)
-    for name in sorted(REGISTRY):
+    for name in _selected(sorted(REGISTRY), only):
         t0 = time.perf_counter()
         try:
             write_result(con, name, outdir / f"{name}.parquet")
@@ -334,7 +346,7 @@ def child_duckdb(store: Path, outdir: Path, memory_limit: str | None) -> None:
     )
 
 
-def child_reference(store: Path, outdir: Path) -> None:
+def child_reference(store: Path, outdir: Path, only: str | None = None) -> None:
     """The reference, timed per metric (compute in pandas / scikit-learn + write the frame)."""
     sys.path.insert(0, str(HERE))
     import metrics_reference as ref
@@ -348,7 +360,10 @@ def child_reference(store: Path, outdir: Path) -> None:
     t0 = time.perf_counter()
     data = ref.Data(tables)
     res.step("(joins + softmax)", time.perf_counter() - t0)
+    chosen = set(_selected(sorted(ref.REFERENCE), only, strict=False))
     for name, (fn, _) in sorted(ref.REFERENCE.items()):
+        if name not in chosen:
+            continue
         t0 = time.perf_counter()
         try:
             fn(data).to_parquet(outdir / f"{name}.parquet", index=False)
@@ -359,7 +374,9 @@ def child_reference(store: Path, outdir: Path) -> None:
     res.save({"total_s": total, "cpu_s": cpu, "baseline_rss_mib": base_mib})
 
 
-def run_child(kind: str, store: Path, outdir: Path, memory_limit: str | None = None) -> dict[str, Any]:
+def run_child(
+    kind: str, store: Path, outdir: Path, memory_limit: str | None = None, only: str | None = None
+) -> dict[str, Any]:
     outdir.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
@@ -371,6 +388,7 @@ def run_child(kind: str, store: Path, outdir: Path, memory_limit: str | None = N
         "--workdir",
         str(outdir),
         *(["--memory-limit", memory_limit] if memory_limit else []),
+        *(["--metrics", only] if only else []),
     ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -439,14 +457,17 @@ def _label(rows: int) -> str:
     return str(rows)
 
 
-def _compare_all(duck_dir: Path, ref_dir: Path) -> dict[str, dict]:
+def _compare_all(duck_dir: Path, ref_dir: Path, only: str | None = None) -> dict[str, dict]:
     import pandas as pd
 
     sys.path.insert(0, str(HERE))
     import metrics_reference as ref
 
     out = {}
+    chosen = set(_selected(sorted(ref.REFERENCE), only, strict=False))
     for name, (_, keys) in sorted(ref.REFERENCE.items()):
+        if name not in chosen:
+            continue
         d, r = duck_dir / f"{name}.parquet", ref_dir / f"{name}.parquet"
         if not d.exists() and name not in _registered():
             continue  # a reference for a metric this checkout does not register
@@ -491,14 +512,18 @@ def main() -> int:
         help="DuckDB memory_limit for the DuckDB path (e.g. 2GB; spills the rest to <store>.tmp), "
         "as `equipoise metrics --memory-limit`; default DuckDB's 80%% of RAM",
     )
+    ap.add_argument(
+        "--metrics",
+        help="comma-separated subset of metrics to time (default: all; TOTAL then covers the subset)",
+    )
     ap.add_argument("--child", choices=("duckdb", "reference"), help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         if args.child == "duckdb":
-            child_duckdb(args.store, args.workdir, args.memory_limit)
+            child_duckdb(args.store, args.workdir, args.memory_limit, args.metrics)
         else:
-            child_reference(args.store, args.workdir)
+            child_reference(args.store, args.workdir, args.metrics)
         return 0
 
     started = datetime.now(UTC).isoformat(timespec="seconds")
@@ -536,13 +561,15 @@ def main() -> int:
     for kind in ("duckdb", "reference"):
         if args.paths in (kind, "both"):
             print(f"running the {kind} path ...", flush=True)
-            runs[kind] = run_child(kind, store, tmp / kind, args.memory_limit if kind == "duckdb" else None)
-    compared = _compare_all(tmp / "duckdb", tmp / "reference") if len(runs) == 2 else {}
+            runs[kind] = run_child(
+                kind, store, tmp / kind, args.memory_limit if kind == "duckdb" else None, args.metrics
+            )
+    compared = _compare_all(tmp / "duckdb", tmp / "reference", args.metrics) if len(runs) == 2 else {}
 
     sys.path.insert(0, str(HERE))
     import metrics_reference as ref
 
-    names = sorted(_registered())
+    names = _selected(sorted(_registered()), args.metrics)
     duck, refr = runs.get("duckdb"), runs.get("reference")
     per_metric = []
     hdr = f"{'metric':<30} {'rows':>9} {'duckdb s':>9} {'ref s':>9} {'ratio':>7} {'mismatch':>9}  note"
