@@ -240,10 +240,12 @@ def test_issue_glasgow_blatchford_case_scores_2_in_us_and_si_units():
     # below the published band, in either unit: 0
     for bun in (18.1, 18.19, "6.47 mmol/L", "6.4 mmol/L", {"value": 18.1, "unit": "mg/dL"}):
         assert _score("glasgow_blatchford", {**GBS_CASE, "bun": bun})[0] == 0, bun
-    # the documented caveat: 6.49 and 6.48 mmol/L are reported as 18.2 mg/dL (BUN's 0.1 mg/dL
-    # precision), so they count as at the cut-off; 6.47 mmol/L is 18.1 mg/dL
-    for bun in ("6.49 mmol/L", "6.48 mmol/L"):
-        assert _score("glasgow_blatchford", {**GBS_CASE, "bun": bun}) == expect, bun
+    # given in the publication's unit, a urea just below 6.5 mmol/L is below the band, although
+    # it is reported as 18.2 mg/dL (BUN's 0.1 mg/dL precision), the US table's cut-off
+    for bun in ("6.49 mmol/L", "6.48 mmol/L", {"value": 6.4999, "unit": "mmol/L"}):
+        assert _score("glasgow_blatchford", {**GBS_CASE, "bun": bun})[0] == 0, bun
+    for bun, pts in (("7.99 mmol/L", 2), ("9.99 mmol/L", 3), ("24.99 mmol/L", 4)):
+        assert _score("glasgow_blatchford", {**GBS_CASE, "bun": bun})[0] == pts, bun
     # the other bands at their published mmol/L values and the US values
     for bun, pts in (
         ("8 mmol/L", 3),
@@ -270,8 +272,10 @@ def test_issue_has_bled_case_scores_1_in_us_and_si_units():
         assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": cr})[0] == 1, cr
     for cr in (2.25, 2.259, "198 umol/L", "199 umol/L", {"value": 198, "unit": "umol/L"}):
         assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": cr})[0] == 0, cr
-    # the documented caveat: 199.9 umol/L is reported as 2.26 mg/dL, so it counts as at 200
-    assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": "199.9 umol/L"})[0] == 1
+    # 199.9 umol/L is reported as 2.26 mg/dL, but given in umol/L it is compared with the
+    # published 200 umol/L as given: no point
+    assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": "199.9 umol/L"})[0] == 0
+    assert _score("has_bled", {**HAS_BLED_CASE, "creatinine": "199.99 µmol/L"})[0] == 0
 
 
 def test_curb_65_urea_above_7_mmol_per_litre_in_both_units():
@@ -287,7 +291,10 @@ def test_curb_65_urea_above_7_mmol_per_litre_in_both_units():
         ({"value": 7, "unit": "mmol/L"}, 0),
         ("7.02 mmol/L", 1),
         ("6.9 mmol/L", 0),
-        ("7.01 mmol/L", 0),  # caveat: reported as 19.6 mg/dL, i.e. at the cut-off, not above it
+        ("7.01 mmol/L", 1),  # above the published > 7 mmol/L, although reported as 19.6 mg/dL
+        ("7.001 mmol/L", 1),
+        ("19.6 mg/dL", 0),
+        ("19.61 mg/dL", 1),
     ):
         assert _score("curb_65", {**case, "bun": bun})[0] == pts, bun
 
@@ -484,13 +491,55 @@ def _other_unit(inp: NumericInput) -> str | None:
     return None if r is None else r.unit
 
 
+def _same_unit(a: str | None, b: str) -> bool:
+    return a is not None and a.replace("µ", "u").replace("μ", "u") == b.replace("µ", "u").replace("μ", "u")
+
+
+def _hand_truths(system, inp: NumericInput, y: float, given: tuple[Decimal, str] | None) -> tuple[bool, ...]:
+    """Truth of every bound on ``inp``, by hand: a bound published in the unit the finding was
+    given in compares the value as given; every other bound compares the input-unit value ``y``
+    with the bound's hand comparison value (`bruteforce.comparison_value`)."""
+
+    def holds(v: Decimal | float, ge, gt, le, lt) -> bool:
+        return (
+            (ge is None or v >= ge)
+            and (gt is None or v > gt)
+            and (le is None or v <= le)
+            and (lt is None or v < lt)
+        )
+
+    out = []
+    for item in system.items:
+        for h in bruteforce.holders_of(system, item, inp.id):
+            pub = (h.ge, h.gt, h.le, h.lt)
+            if given is not None and _same_unit(h.unit, given[1]):
+                out.append(holds(given[0], *(None if v is None else Decimal(str(v)) for v in pub)))
+            else:
+                cmp_ = [None if v is None else bruteforce.comparison_value(inp, v, h.unit) for v in pub]
+                out.append(holds(y, *cmp_))
+    return tuple(out)
+
+
+def _hand_total(system, inp: NumericInput, ctx: dict, x: Decimal, unit: str, y: float) -> float | None:
+    """The total of ``ctx`` with ``inp`` given as ``x unit``, by hand: the input-unit value whose
+    bounds hold exactly as the given finding's do (found among the brute-force cut candidates)
+    scored by the point table; None when no input-unit value has that truth pattern."""
+    from equipoise.scoring_systems.engine import score_values
+
+    want = _hand_truths(system, inp, y, (x, unit))
+    for c in bruteforce.cut_candidates(system, inp):
+        if _hand_truths(system, inp, c, None) == want:
+            return score_values(system, {**ctx, inp.id: c})
+    return None
+
+
 @pytest.mark.parametrize("system_id", SYSTEM_IDS)
 def test_findings_in_other_units_score_like_their_hand_conversion(system_id):
     """Brute force over findings given in the other convention's unit: each published cut-off in
     that unit and values a hundredth, a tenth and a few reporting steps either side of it, plus
-    random values across the range, scored through `evaluate`'s parsing path, against the point
-    table (`score_values`) applied to the hand-converted, hand-rounded value."""
-    from equipoise.scoring_systems.engine import score_values
+    random values across the range, scored through `evaluate`'s parsing path, against a hand
+    evaluation: cut-offs published in the finding's unit compare the value as given, the others
+    its hand-converted, hand-rounded value (`_hand_total`)."""
 
     system = SYSTEMS[system_id]
     rng = random.Random(f"units-{system_id}")
@@ -525,7 +574,122 @@ def test_findings_in_other_units_score_like_their_hand_conversion(system_id):
             if not inp.min <= y <= inp.max:
                 continue
             for ctx in contexts:
+                want = _hand_total(system, inp, ctx, x, unit, y)
+                if want is None:  # no input-unit value compares like it: refused, never guessed
+                    with pytest.raises(FindingError, match="matches no value"):
+                        evaluate(system, {**ctx, inp.id: f"{x} {unit}"})
+                    continue
                 got = evaluate(system, {**ctx, inp.id: f"{x} {unit}"}).total
-                assert got == score_values(system, {**ctx, inp.id: y}), (system_id, inp.id, f"{x} {unit}", y)
+                assert got == want, (system_id, inp.id, f"{x} {unit}", y)
                 n += 1
         assert n > 0
+
+
+# --------------------------------------------------------------------------------------------
+# Findings given in a cut-off's own unit meet it exactly (the `Measured` path)
+# --------------------------------------------------------------------------------------------
+def test_measured_finding_keeps_what_was_given_and_survives_copies():
+    import copy
+    import pickle
+
+    from equipoise.scoring_systems.engine import Measured
+
+    ev = evaluate(SYSTEMS["glasgow_blatchford"], {**GBS_CASE, "bun": "6.49 mmol/L"})
+    m = ev.known["bun"]
+    assert isinstance(m, Measured) and m == 18.2 and (m.given, m.unit) == (6.49, "mmol/L")
+    assert m.stated() == "6.49 mmol/L"
+    for twin in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m)):
+        assert isinstance(twin, Measured) and twin == m and twin.stated() == m.stated()
+    # read back from its stated form it scores the same; its rounded US value alone would not
+    assert evaluate(SYSTEMS["glasgow_blatchford"], {**GBS_CASE, "bun": m.stated()}).total == 0
+    assert evaluate(SYSTEMS["glasgow_blatchford"], {**GBS_CASE, "bun": float(m)}).total == 2
+    # the same unit under another spelling is the definition's unit: a plain number
+    plain = evaluate(SYSTEMS["has_bled"], {**HAS_BLED_CASE, "creatinine": "2.26 mg/dL"}).known["creatinine"]
+    assert plain.__class__ is float
+
+
+def test_witnesses_of_a_case_with_a_measured_finding_complete_it_on_their_side():
+    """A partial case with urea given in mmol/L: each criterion's witness completion, added to
+    the findings as given, scores on the side the witness claims."""
+    system = SYSTEMS["glasgow_blatchford"]
+    case = {k: v for k, v in GBS_CASE.items() if k not in ("melena", "sbp")}
+    for bun in ("6.49 mmol/L", "6.5 mmol/L"):
+        ev = evaluate(system, {**case, "bun": bun})
+        assert ev.missing == ["sbp", "melena"] or set(ev.missing) == {"sbp", "melena"}
+        for cid, r in ev.criteria.items():
+            crit = next(c for c in system.criteria if c.id == cid)
+            for w, side in ((r.witness_met, True), (r.witness_not_met, False)):
+                if w is not None:
+                    total = evaluate(system, {**case, "bun": bun, **w}).total
+                    assert total is not None and crit.holds(total) is side, (bun, cid, w)
+
+
+def test_a_truth_pattern_no_definition_unit_value_has_is_refused(tmp_path):
+    """Two cut-offs that meet at the same rounded value (6.5 mmol/L urea and a crafted 18.2 mg/dL
+    band): 6.49 mmol/L is below the first and, as 18.2 mg/dL, on the second, which no value in
+    mg/dL can be. The engine refuses it rather than guessing a class."""
+    import yaml
+
+    from equipoise.scoring_systems.loader import DEFINITIONS_DIR, load_definition
+
+    data = yaml.safe_load((DEFINITIONS_DIR / "glasgow_blatchford.yaml").read_text())
+    data["items"].append(
+        {
+            "id": "crafted_bun",
+            "label": "crafted BUN band in mg/dL",
+            "kind": "rule",
+            "cases": [{"when": {"input": "bun", "ge": 18.2}, "points": 1}],
+            "default": 0,
+        }
+    )
+    data.pop("examples", None)
+    p = tmp_path / "glasgow_blatchford.yaml"
+    p.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    system = load_definition(p)
+    assert evaluate(system, {**GBS_CASE, "bun": "6.5 mmol/L"}).total == 3
+    assert evaluate(system, {**GBS_CASE, "bun": "6.4 mmol/L"}).total == 0
+    with pytest.raises(FindingError, match=r"bun.*6\.49 mmol/L.*matches no value in mg/dL"):
+        evaluate(system, {**GBS_CASE, "bun": "6.49 mmol/L"})
+
+
+@pytest.mark.parametrize("system_id", SI_SYSTEMS)
+def test_random_partial_findings_with_values_in_other_units_equal_enumeration(system_id):
+    """Random partial cases whose known numeric findings are off-grid values given in the other
+    convention's unit (two decimals, anywhere in range): the engine's reachable totals and labels
+    equal plain enumeration of class completions (`bruteforce.reachable`, totals by the point
+    table on the values as parsed)."""
+    from equipoise.scoring_systems.engine import normalize_findings
+
+    system = SYSTEMS[system_id]
+    cs = compile_system(system)
+    rng = random.Random(f"measured-partial-{system_id}")
+    ids = [i.id for i in system.inputs]
+    reps = {i.id: list(cs.classes[i.id]) for i in system.inputs if isinstance(i, NumericInput)}
+    trials = 0
+    for _ in range(120):
+        full: dict = {}
+        for inp in system.inputs:
+            unit = _other_unit(inp) if isinstance(inp, NumericInput) else None
+            if unit is None or inp.quantity == "temperature":
+                full[inp.id] = random_value(inp, rng)
+                continue
+            factor = bruteforce.FACTORS[(inp.quantity, unit, inp.unit)]
+            lo, hi = Decimal(str(inp.min)) / factor, Decimal(str(inp.max)) / factor
+            full[inp.id] = f"{rng.uniform(float(lo), float(hi)):.2f} {unit}"
+        missing = rng.sample(ids, rng.randint(1, len(ids)))
+        known = {i: v for i, v in full.items() if i not in missing}
+        space = 1
+        for i in missing:
+            space *= len(cs.classes[i])
+        if space > 20_000:
+            continue
+        try:
+            parsed = normalize_findings(system, known)
+        except FindingError:  # rounded just outside the possible range
+            continue
+        expect = bruteforce.reachable(system, parsed, reps)
+        ev = evaluate(system, known)
+        assert ev.reachable == expect, (system_id, known)
+        assert {c: r.label for c, r in ev.criteria.items()} == bruteforce.labels(system, expect)
+        trials += 1
+    assert trials >= 30

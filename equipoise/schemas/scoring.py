@@ -131,9 +131,10 @@ class NumericInput(_InputBase):
     finding may also be given in (see `equipoise.schemas.units`).
 
     ``reported_decimals`` is the reporting precision of ``unit``: the decimals a laboratory
-    reports the value with (BUN 1 in mg/dL, creatinine 2). A cut-off published in another unit,
-    and a finding given in another unit, are converted and rounded to it before comparison (the
-    rule in `equipoise.schemas.units`). Omitted, it is the decimals of ``step``.
+    reports the value with (BUN 1 in mg/dL, creatinine 2). A cut-off published in another unit is
+    converted and rounded to it before comparison; a finding given in another unit is compared as
+    given with cut-offs published in its unit and as its rounded converted value with the others
+    (the rules in `equipoise.schemas.units`). Omitted, it is the decimals of ``step``.
     """
 
     kind: Literal["numeric"] = "numeric"

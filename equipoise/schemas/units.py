@@ -39,19 +39,17 @@ creatinine 2, bilirubin 1, glucose 0, haemoglobin 1 in g/dL, PaO2 0 in mmHg). Th
    Glasgow-Imrie's PaO2 8 kPa becomes 60 mmHg, calcium 2 mmol/L 8.0 mg/dL and glucose 10 mmol/L
    180 mg/dL. This is how the published US-unit tables were derived from the SI ones, so the rule
    reproduces them exactly, without bending a molar mass.
-2. A finding given in another unit (``"200 umol/L"``) is converted with the true molar mass and
-   likewise rounded to Y's reporting precision before it is compared: a value reported in Y cannot
-   be finer than Y's precision, and this makes a finding and a cut-off in the same unit meet at the
-   same number. A number given in Y itself is compared exactly as given.
-
-The honest caveat: a value given in X within half a reporting step of Y below a converted cut-off
-counts as at the cut-off (199.9 umol/L creatinine -> 2.26 mg/dL -> abnormal renal function;
-6.49 mmol/L urea -> 18.2 mg/dL -> 2 Blatchford points), and one within half a step above a strict
-(> x) cut-off counts as at it (7.01 mmol/L urea -> 19.6 mg/dL -> no CURB-65 point). That is the
-clinical convention: a score is applied to the value as the laboratory reports it, in the unit of
-the table being used, and the US tables apply their rounded numbers to US-reported values; the
-window is below the analytical imprecision of every analyte concerned (creatinine's is several
-umol/L), so no measurement can tell such a value from the cut-off.
+2. A number given in Y itself is compared exactly as given (with rule 1's values).
+3. A finding given in another unit X (``"199.9 umol/L"``) is compared with every cut-off published
+   in X exactly as given, with the published number: 199.9 umol/L is below HAS-BLED's 200 umol/L,
+   6.49 mmol/L urea below Blatchford's 6.5, and 7.01 mmol/L above CURB-65's 7, although each is
+   reported in Y as that table's US cut-off (2.26, 18.2, 19.6 mg/dL). So a clinician using the
+   publication's own unit gets the publication's exact answer. Against a cut-off published in any
+   other unit (Y, or a third one) the finding counts as its value converted with the true molar
+   mass and rounded to Y's reporting precision, the value a laboratory would report in Y. The
+   engine keeps such a finding as a `Measured` value (its Y value, plus the value and unit as
+   given) and finds its class from the truth of every bound; a truth pattern that no Y value has
+   (possible only if two rounded cut-offs crossed) is refused, never mapped to a nearby class.
 """
 
 from __future__ import annotations

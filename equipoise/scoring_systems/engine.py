@@ -57,6 +57,40 @@ from equipoise.schemas.scoring import (
 )
 from equipoise.schemas.units import UnitError, canonical, convert, parse_value, to_precision
 
+
+class Measured(float):
+    """A numeric finding given in a unit other than its definition's (``"6.49 mmol/L"`` for BUN).
+
+    Why a float subclass: everywhere a value is shown, range-checked or used as a class
+    representative it *is* the finding in the definition's unit, converted with the true molar
+    mass and rounded to the reporting precision (6.49 mmol/L -> 18.2 mg/dL). Only the comparison
+    with a cut-off differs: a cut-off published in the unit the finding was given in is compared
+    with the value *as given* (6.49 < 6.5 mmol/L, so no Blatchford points, although 18.2 mg/dL is
+    the US table's cut-off), so a finding stated in the publication's own unit gets the
+    publication's exact answer. ``given`` and ``unit`` (canonical spelling) keep what was stated.
+    """
+
+    __slots__ = ("given", "unit")
+    given: float
+    unit: str
+
+    def __new__(cls, value: float, given: float, unit: str) -> Measured:
+        obj = super().__new__(cls, value)
+        obj.given = float(given)
+        obj.unit = canonical(unit)
+        return obj
+
+    def __getnewargs__(self) -> tuple[float, float, str]:  # type: ignore[override]
+        return (float(self), self.given, self.unit)
+
+    def __repr__(self) -> str:
+        return f"Measured({float(self)!r}, given={self.given!r}, unit={self.unit!r})"
+
+    def stated(self) -> str:
+        """The finding as given, e.g. ``'6.49 mmol/L'`` (what `evaluate` reads back identically)."""
+        return f"{self.given:g} {self.unit}"
+
+
 Value = bool | str | float
 
 
@@ -76,6 +110,18 @@ def _bounds_hold(x: float, ge: float | None, gt: float | None, le: float | None,
     )
 
 
+def _holder_holds(h: Band | Atom, x: float) -> bool:
+    """Whether a numeric value satisfies the bounds of a band or atom.
+
+    A `Measured` finding given in the unit the bounds are published in is compared as given with
+    the published numbers; any other value is compared in the input's unit with the bounds as
+    converted there (`Band.bounds`: converted and rounded to the reporting precision).
+    """
+    if x.__class__ is Measured and h.unit is not None and canonical(h.unit) == x.unit:  # type: ignore[attr-defined]
+        return _bounds_hold(x.given, h.ge, h.gt, h.le, h.lt)  # type: ignore[attr-defined]
+    return _bounds_hold(x, *h.bounds())
+
+
 def condition_holds(cond: Condition, values: Mapping[str, Value]) -> bool:
     """Evaluate a condition tree on complete raw values."""
     if isinstance(cond, Atom):
@@ -84,7 +130,7 @@ def condition_holds(cond: Condition, values: Mapping[str, Value]) -> bool:
             return v == cond.eq
         if cond.in_ is not None:
             return v in cond.in_
-        return _bounds_hold(float(v), *cond.bounds())
+        return _holder_holds(cond, v if v.__class__ is Measured else float(v))
     if isinstance(cond, AnyOf):
         return any(condition_holds(c, values) for c in cond.any)
     if isinstance(cond, AllOf):
@@ -94,7 +140,7 @@ def condition_holds(cond: Condition, values: Mapping[str, Value]) -> bool:
 
 
 def _band_holds(band: Band, x: float) -> bool:
-    return _bounds_hold(x, *band.bounds())
+    return _holder_holds(band, x)
 
 
 def item_points(item: Any, values: Mapping[str, Value]) -> float:
@@ -104,7 +150,8 @@ def item_points(item: Any, values: Mapping[str, Value]) -> float:
     if isinstance(item, CategoricalItem):
         return item.points[str(values[item.input])]
     if isinstance(item, NumericItem):
-        x = float(values[item.input])
+        v = values[item.input]
+        x = v if v.__class__ is Measured else float(v)
         for band in item.bands:
             if _band_holds(band, x):
                 return band.points
@@ -173,11 +220,13 @@ def normalize_findings(system: ScoringSystem, findings: Mapping[str, Any]) -> di
 def numeric_finding(inp: NumericInput, raw: Any) -> float:
     """A numeric finding in the input's unit: a number, ``"6.5 mmol/L"`` or ``{value, unit}``.
 
-    A value given in another unit is converted with the true molar mass and rounded to the
-    input's reporting precision (``"200 umol/L"`` -> 2.26 mg/dL), the rule cut-offs published in
-    another unit follow too (see `equipoise.schemas.units`); a bare number is taken as given.
-    Refuses (FindingError naming the finding) an unknown or incompatible unit, a non-finite value
-    and a value outside the input's physiologically possible range ``min..max``.
+    A bare number (or one in the input's own unit) is taken as given. A value given in another
+    unit becomes a `Measured`: its value in the input's unit (converted with the true molar mass
+    and rounded to the reporting precision, ``"200 umol/L"`` -> 2.26 mg/dL), which remembers the
+    value and unit as given, so cut-offs published in that unit compare it exactly (see
+    `equipoise.schemas.units`). Refuses (FindingError naming the finding) an unknown or
+    incompatible unit, a non-finite value and a value outside the input's physiologically
+    possible range ``min..max``.
     """
     key = inp.id
     try:
@@ -187,10 +236,14 @@ def numeric_finding(inp: NumericInput, raw: Any) -> float:
             f"finding '{key}' must be a number in {inp.unit}, or a number with its unit "
             f"(e.g. '{_fmt(inp.normal)} {inp.unit}'), got {raw!r}"
         ) from None
-    if unit is not None:
+    given = x
+    other_unit = unit is not None and canonical(unit) != canonical(inp.unit)
+    if other_unit:
+        assert unit is not None
+        if not math.isfinite(x):
+            raise FindingError(f"finding '{key}' must be finite, got {raw!r}")
         try:
-            if canonical(unit) != canonical(inp.unit):
-                x = to_precision(convert(x, unit, inp.unit, inp.quantity), inp.precision)
+            x = to_precision(convert(x, unit, inp.unit, inp.quantity), inp.precision)
         except UnitError as exc:
             raise FindingError(f"finding '{key}' ({inp.label}, {inp.unit}): {exc}") from None
     if not math.isfinite(x):
@@ -201,7 +254,7 @@ def numeric_finding(inp: NumericInput, raw: Any) -> float:
             f"finding '{key}' = {_fmt(x)} {inp.unit}{given} is outside the possible range "
             f"{_fmt(inp.min)}..{_fmt(inp.max)} {inp.unit}"
         )
-    return x
+    return Measured(x, given, unit) if other_unit and unit is not None else x
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +293,7 @@ def numeric_signature(system: ScoringSystem, input_id: str, x: float) -> tuple[b
             for case in item.cases:
                 for a in iter_atoms(case.when):
                     if a.input == input_id:
-                        sig.append(_bounds_hold(x, *a.bounds()))
+                        sig.append(_holder_holds(a, x))
     return tuple(sig)
 
 
@@ -258,6 +311,9 @@ class Partition:
     points: list[float]
     at: list[int]
     between: list[int]
+    # signature (truth of every bound, `numeric_signature` order) -> class: how a `Measured`
+    # finding, whose truth pattern is not read off the line of input-unit values, finds its class
+    signatures: dict[tuple[bool, ...], int] = field(default_factory=dict, compare=False, hash=False)
 
     def class_of(self, x: float) -> int:
         j = bisect.bisect_left(self.points, x)
@@ -348,7 +404,7 @@ def numeric_partition(
         else:
             reps.append(exact_rep[c])
         segments.append([(grid_value(inp, a), grid_value(inp, b)) for a, b in rs])
-    return Partition(points, at, between), reps, segments
+    return Partition(points, at, between, dict(sig_class)), reps, segments
 
 
 def numeric_classes(
@@ -426,8 +482,29 @@ class CompiledSystem:
     def class_of(self, input_id: str, value: Value) -> int:
         part = self.partitions.get(input_id)
         if part is not None:
+            if value.__class__ is Measured:
+                return self.measured_class(input_id, value)  # type: ignore[arg-type]
             return part.class_of(float(value))
         return self.classes[input_id].index(value)
+
+    def measured_class(self, input_id: str, value: Measured) -> int:
+        """The class of a finding given in another unit, from the truth of every bound.
+
+        Bounds published in the unit it was given in compare the value as given, the others its
+        value in the input's unit, so the truth pattern may be one no input-unit value has (none
+        of the bundled systems allows it: two cut-offs would have to cross when rounded). That is
+        refused, never mapped to a nearby class.
+        """
+        sig = numeric_signature(self.system, input_id, value)
+        c = self.partitions[input_id].signatures.get(sig)
+        if c is None:
+            inp = self.system.input(input_id)
+            raise FindingError(
+                f"finding '{input_id}' = {value.stated()}: its comparison with the published cut-offs "
+                f"matches no value in {getattr(inp, 'unit', '')}; give it in "
+                f"{getattr(inp, 'unit', 'the definition unit')}"
+            )
+        return c
 
     def to_scaled(self, points: float) -> int:
         return round(points * self.scale)
@@ -1088,8 +1165,11 @@ def evaluate(system: ScoringSystem, findings: Mapping[str, Any]) -> Evaluation:
                     x = numeric_finding(inp, raw)
             else:
                 x = numeric_finding(inp, raw)
-            j = bisect.bisect_left(points, x)
-            kc[p] = at[j] if points[j] == x else between[j - 1]
+            if x.__class__ is Measured:
+                kc[p] = cs.measured_class(key, x)  # type: ignore[arg-type]
+            else:
+                j = bisect.bisect_left(points, x)
+                kc[p] = at[j] if points[j] == x else between[j - 1]
             known[key] = x
         mask &= ~(1 << p)
     return _evaluate_plan(cs, fast.plan(mask), kc, known, None)
