@@ -116,3 +116,105 @@ def test_a_write_after_refresh_is_never_served_stale(store: Path, tmp_path: Path
     _assert_same(stale, refreshed)
     # and the change is visible: the old facts would have given the old accuracy
     assert not before["answer_rates"].equals(stale["answer_rates"])
+
+
+def _fact_frames(path: Path) -> dict[str, pd.DataFrame]:
+    """Every fact table, rows in a canonical order (row order in a table carries no meaning)."""
+    con = connect(path, read_only=True)
+    try:
+        out = {}
+        for t in facts.FACT_TABLES:
+            df = con.execute(f"SELECT * FROM main.{t}").df()
+            out[t] = df.sort_values(list(df.columns)).reset_index(drop=True)
+        return out
+    finally:
+        con.close()
+
+
+def _change_some_runs(con) -> tuple[str, str, str]:
+    """A new run (a copy of one under a new id), one changed prediction in another run and one
+    run deleted: the three ways a write touches runs. Shared tables are left alone."""
+    runs = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+    src, changed, gone = runs[0], runs[1], runs[-1]
+    new = src + "-copy"
+    con.execute(
+        f"""
+        INSERT INTO runs SELECT * REPLACE ('{new}' AS run_id) FROM runs WHERE run_id = '{src}';
+        INSERT INTO predictions SELECT * REPLACE ('{new}' AS run_id) FROM predictions WHERE run_id = '{src}';
+        INSERT INTO option_scores SELECT * REPLACE ('{new}' AS run_id) FROM option_scores
+            WHERE run_id = '{src}';
+        UPDATE predictions SET parsed_label = CASE parsed_label WHEN 'A' THEN 'B' ELSE 'A' END
+        WHERE run_id = '{changed}' AND item_id = (
+            SELECT min(item_id) FROM predictions WHERE run_id = '{changed}' AND sample_index = 0)
+          AND sample_index = 0;
+        DELETE FROM option_scores WHERE run_id = '{gone}';
+        DELETE FROM predictions WHERE run_id = '{gone}';
+        DELETE FROM runs WHERE run_id = '{gone}';
+        """
+    )
+    return new, changed, gone
+
+
+def test_refresh_after_a_few_runs_change_recomputes_only_those_and_equals_a_full_refresh(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inc, full = tmp_path / "inc.duckdb", tmp_path / "full.duckdb"
+    inc.write_bytes(store.read_bytes())
+    con = connect(inc)
+    facts.refresh(con)
+    new, changed, gone = _change_some_runs(con)
+    assert facts.current(con) is None  # stale until refreshed
+    con.close()
+    full.write_bytes(inc.read_bytes())
+
+    # the incremental path is taken: a full recompute would fail the test
+    def no_full(_con) -> None:
+        raise AssertionError("a run-level change must not recompute every fact")
+
+    con = connect(inc)
+    with monkeypatch.context() as mp:
+        mp.setattr(facts, "_refresh_all", no_full)
+        assert facts.refresh(con) is True
+    assert facts.current(con) is not None
+    assert facts.refresh(con) is False
+    con.close()
+
+    con = connect(full)
+    assert facts.refresh(con, force=True) is True
+    con.close()
+
+    got, want = _fact_frames(inc), _fact_frames(full)
+    for t in facts.FACT_TABLES:
+        pd.testing.assert_frame_equal(got[t], want[t], obj=t)
+        runs_in = set(got[t]["run_id"])
+        assert new in runs_in and changed in runs_in and gone not in runs_in
+    a, used_a = _metrics(inc, None)
+    b, used_b = _metrics(full, None)
+    assert used_a and used_b
+    _assert_same(a, b)
+
+
+def test_a_change_to_the_shared_tables_recomputes_every_fact(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(store.read_bytes())
+    con = connect(path)
+    facts.refresh(con)
+    con.execute("UPDATE items SET specialty = 'cardiology' WHERE item_id = (SELECT min(item_id) FROM items)")
+    calls: list[str] = []
+    real_all = facts._refresh_all
+
+    def spy_all(c) -> None:
+        calls.append("all")
+        real_all(c)
+
+    def no_runs(_c) -> None:
+        raise AssertionError("a change to items must not take the per-run path")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(facts, "_refresh_all", spy_all)
+        mp.setattr(facts, "_refresh_runs", no_runs)
+        assert facts.refresh(con) is True
+    assert calls == ["all"] and facts.current(con) is not None
+    con.close()

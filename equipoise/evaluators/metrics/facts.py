@@ -10,6 +10,14 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
 - ``facts_option_probs``      = the ``option_probs`` relation (one row per scored option);
 - ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool.
 
+Every fact row belongs to one run and depends only on that run's rows (its ``runs`` row, its
+predictions and option scores) and on the shared tables (``datasets``, ``items``, ``options``):
+the views join per run, and the uncertainty pools never cross runs. So a write that adds or
+changes a few runs needs only those runs' facts (:func:`refresh` is incremental): each run's
+source rows have a fingerprint (``facts_runs``), and only runs whose fingerprint changed, appeared
+or vanished are deleted and recomputed. A change to the shared tables or to the fact definitions
+recomputes everything.
+
 A read-only metrics pass (``registry.prepare(con, materialize=True)``) then reads them through
 views instead of recomputing them, but only when they are current: :func:`fingerprint` hashes the
 fact definitions (the SQL text and the package's regular expressions) together with a row count
@@ -30,6 +38,12 @@ import duckdb
 from equipoise.evaluators.store import scalar
 
 SOURCE_TABLES: tuple[str, ...] = ("datasets", "items", "options", "runs", "predictions", "option_scores")
+# tables whose rows each belong to one run (their facts can be refreshed run by run) ...
+RUN_TABLES: tuple[str, ...] = ("runs", "predictions", "option_scores")
+# ... and the tables every run reads (a change here recomputes every fact)
+SHARED_TABLES: tuple[str, ...] = ("datasets", "items", "options")
+SHARED_KEY = "facts_shared_fingerprint"
+RUNS_TABLE = "facts_runs"  # run_id -> fingerprint of that run's source rows when its facts were made
 POOLS: tuple[str, ...] = ("item", "base")
 FACT_TABLES: tuple[str, ...] = (
     "facts_scored",
@@ -59,19 +73,41 @@ def _main_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {r[0] for r in rows}
 
 
-def fingerprint(con: duckdb.DuckDBPyConnection) -> str:
-    """SHA-256 of the fact definitions and, per source table, its row count and the sum of its
-    rows' hashes (DuckDB ``hash`` over every column). One query, one scan of each table."""
-    parts = []
-    for t in SOURCE_TABLES:
-        cols = ", ".join(f'"{r[0]}"' for r in con.execute(f"DESCRIBE main.{t}").fetchall())
-        parts.append(
-            f"(SELECT count(*)::VARCHAR || ':' || coalesce(sum(hash({cols})), 0)::VARCHAR FROM main.{t})"
-        )
+def _columns(con: duckdb.DuckDBPyConnection, table: str) -> str:
+    return ", ".join(f'"{r[0]}"' for r in con.execute(f"DESCRIBE main.{table}").fetchall())
+
+
+def _fingerprint_of(con: duckdb.DuckDBPyConnection, tables: tuple[str, ...]) -> str:
+    """SHA-256 of the fact definitions and, per table, its row count and the sum of its rows'
+    hashes (DuckDB ``hash`` over every column). One query, one scan of each table."""
+    parts = [
+        f"(SELECT count(*)::VARCHAR || ':' || coalesce(sum(hash({_columns(con, t)})), 0)::VARCHAR "
+        f"FROM main.{t})"
+        for t in tables
+    ]
     row = con.execute("SELECT " + ", ".join(parts)).fetchone()
     assert row is not None
-    text = _definitions() + "\x1d" + "\x1d".join(f"{t}={v}" for t, v in zip(SOURCE_TABLES, row, strict=True))
+    text = _definitions() + "\x1d" + "\x1d".join(f"{t}={v}" for t, v in zip(tables, row, strict=True))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def fingerprint(con: duckdb.DuckDBPyConnection) -> str:
+    """The store's fingerprint: definitions plus every source table (what readers check)."""
+    return _fingerprint_of(con, SOURCE_TABLES)
+
+
+def _run_fingerprints_sql(con: duckdb.DuckDBPyConnection) -> str:
+    """Per run: row count and sum of row hashes of each of its tables, as one text (one scan)."""
+    parts = [
+        f"SELECT run_id, '{t}' AS t, count(*)::VARCHAR || ':' || sum(hash({_columns(con, t)}))::VARCHAR AS v "
+        f"FROM main.{t} GROUP BY run_id"
+        for t in RUN_TABLES
+    ]
+    return (
+        "SELECT run_id, string_agg(t || '=' || v, '|' ORDER BY t) AS fp FROM ("
+        + " UNION ALL ".join(parts)
+        + ") GROUP BY run_id"
+    )
 
 
 def stored_fingerprint(con: duckdb.DuckDBPyConnection) -> str | None:
@@ -90,31 +126,121 @@ def current(con: duckdb.DuckDBPyConnection) -> str | None:
     return stored if fingerprint(con) == stored else None
 
 
-def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> bool:
-    """Recompute the fact tables when they are missing or stale; returns whether anything was
-    written. Needs a writable connection to a v2 store."""
-    from equipoise.evaluators.metrics.registry import STRATA, prepare
-    from equipoise.evaluators.metrics.uncertainty import scores_sql
+def _meta(con: duckdb.DuckDBPyConnection, key: str) -> str | None:
+    return scalar(con, "SELECT value FROM main.store_meta WHERE key = ?", [key])
 
+
+def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> bool:
+    """Bring the fact tables up to date; returns whether anything was written. Needs a writable
+    connection to a v2 store.
+
+    Incremental when it can be: with facts present, the shared tables and definitions unchanged
+    (``SHARED_KEY``) and per-run fingerprints on record, only the runs whose source rows changed,
+    appeared or vanished are deleted and recomputed (a new run on a large store costs that run,
+    not the store). Otherwise, or with ``force``, every fact is recomputed.
+    """
     fp = fingerprint(con)
-    if not force and stored_fingerprint(con) == fp:
+    stored = stored_fingerprint(con)
+    if not force and stored == fp:
         return False
-    prepare(con)  # TEMP views over the source tables, always current
+    shared = _fingerprint_of(con, SHARED_TABLES)
+    incremental = (
+        not force
+        and stored is not None
+        and RUNS_TABLE in _main_tables(con)
+        and _meta(con, SHARED_KEY) == shared
+    )
     # One statement per table, not one transaction: at 10M predictions the new tables of a single
     # transaction do not fit in memory. Safe because the fingerprint is removed first and written
     # last: until it is back, no reader uses any fact table, and a crash in between leaves facts
-    # that are simply not used (metrics compute from the source tables) until the next refresh.
-    con.execute("DELETE FROM main.store_meta WHERE key = ?", [META_KEY])
-    con.execute("CREATE OR REPLACE TABLE main.facts_scored AS SELECT * FROM scored")
-    con.execute("CREATE OR REPLACE TABLE main.facts_option_probs AS SELECT * FROM option_probs")
-    # the per-item scores read the two tables just written, not the joins again (less memory)
+    # that are simply not used (metrics compute from the source tables) until the next refresh,
+    # which then recomputes everything (the shared fingerprint is removed with it).
+    con.execute("DELETE FROM main.store_meta WHERE key IN (?, ?)", [META_KEY, SHARED_KEY])
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _facts_runs_now AS {_run_fingerprints_sql(con)}")
+    try:
+        if incremental:
+            _refresh_runs(con)
+        else:
+            _refresh_all(con)
+        con.execute(
+            f"CREATE OR REPLACE TABLE main.{RUNS_TABLE} AS SELECT * FROM _facts_runs_now ORDER BY run_id"
+        )
+    finally:
+        con.execute("DROP TABLE IF EXISTS _facts_runs_now")
+    con.execute(
+        "INSERT OR REPLACE INTO main.store_meta VALUES (?, ?), (?, ?)", [META_KEY, fp, SHARED_KEY, shared]
+    )
+    return True
+
+
+def _live_views(con: duckdb.DuckDBPyConnection, suffix: str) -> None:
+    """The base views over the source tables, named ``scored{suffix}`` / ``option_probs{suffix}``."""
+    from equipoise.evaluators.metrics.registry import SQL_DIR
+
+    sql = (SQL_DIR / "base_views.sql").read_text(encoding="utf-8")
+    sql = sql.replace("TEMP VIEW scored AS", f"TEMP VIEW scored{suffix} AS")
+    sql = sql.replace("TEMP VIEW option_probs AS", f"TEMP VIEW option_probs{suffix} AS")
+    con.execute(sql)
+
+
+def _unc_scores_into(con: duckdb.DuckDBPyConnection, create: bool) -> None:
+    """Per-item uncertainty scores of the runs the TEMP views ``scored``/``option_probs`` show,
+    read from the fact tables just written (not the joins again: less memory at 10M)."""
+    from equipoise.evaluators.metrics.registry import STRATA
+    from equipoise.evaluators.metrics.uncertainty import scores_sql
+
+    for pool in POOLS:
+        query = scores_sql(list(STRATA), {"pool": pool})
+        if create:
+            con.execute(f"CREATE OR REPLACE TABLE main.facts_unc_scores_{pool} AS {query}")
+        else:
+            con.execute(f"INSERT INTO main.facts_unc_scores_{pool} BY NAME {query}")
+
+
+def _refresh_all(con: duckdb.DuckDBPyConnection) -> None:
+    _live_views(con, "_live")
+    con.execute("CREATE OR REPLACE TABLE main.facts_scored AS SELECT * FROM scored_live")
+    con.execute("CREATE OR REPLACE TABLE main.facts_option_probs AS SELECT * FROM option_probs_live")
     con.execute(
         """CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM main.facts_scored;
            CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs;"""
     )
-    for pool in POOLS:
-        query = scores_sql(list(STRATA), {"pool": pool})
-        con.execute(f"CREATE OR REPLACE TABLE main.facts_unc_scores_{pool} AS {query}")
-    con.execute("INSERT OR REPLACE INTO main.store_meta VALUES (?, ?)", [META_KEY, fp])
-    con.execute("DROP VIEW scored; DROP VIEW option_probs")  # a later prepare() builds live views
-    return True
+    try:
+        _unc_scores_into(con, create=True)
+    finally:
+        con.execute(
+            "DROP VIEW scored; DROP VIEW option_probs; DROP VIEW scored_live; DROP VIEW option_probs_live"
+        )
+
+
+def _refresh_runs(con: duckdb.DuckDBPyConnection) -> None:
+    """Recompute the facts of the runs whose fingerprint differs from the one on record."""
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE _facts_stale AS
+            SELECT coalesce(n.run_id, o.run_id) AS run_id, n.run_id IS NOT NULL AS present
+            FROM _facts_runs_now n FULL OUTER JOIN main.{RUNS_TABLE} o USING (run_id)
+            WHERE n.fp IS DISTINCT FROM o.fp"""
+    )
+    try:
+        for t in FACT_TABLES:
+            con.execute(f"DELETE FROM main.{t} WHERE run_id IN (SELECT run_id FROM _facts_stale)")
+        _live_views(con, "_live")
+        todo = "run_id IN (SELECT run_id FROM _facts_stale WHERE present)"
+        con.execute(f"INSERT INTO main.facts_scored BY NAME SELECT * FROM scored_live WHERE {todo}")
+        con.execute(
+            f"INSERT INTO main.facts_option_probs BY NAME SELECT * FROM option_probs_live WHERE {todo}"
+        )
+        con.execute(
+            f"""CREATE OR REPLACE TEMP VIEW scored AS
+                   SELECT * FROM main.facts_scored WHERE {todo};
+               CREATE OR REPLACE TEMP VIEW option_probs AS
+                   SELECT * FROM main.facts_option_probs WHERE {todo};"""
+        )
+        try:
+            _unc_scores_into(con, create=False)
+        finally:
+            con.execute(
+                "DROP VIEW scored; DROP VIEW option_probs; DROP VIEW scored_live; DROP VIEW option_probs_live"
+            )
+    finally:
+        con.execute("DROP TABLE IF EXISTS _facts_stale")
