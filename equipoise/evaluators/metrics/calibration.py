@@ -60,6 +60,7 @@ from equipoise.evaluators.metrics.registry import (
     SQL_DIR,
     STRATA,
     Metric,
+    _check_by,
     _materialized,
     register,
     render_sql,
@@ -121,26 +122,36 @@ _CACHED_COLUMNS = (
 )  # fmt: skip
 
 
-def prepare_samples(con: duckdb.DuckDBPyConnection, params: dict | None = None) -> None:
+def _cache_key(p: dict[str, object], by: Sequence[str]) -> str:
+    """Name suffix of a per-connection cache: confidence and samples (both checked by _params) and
+    a hash of the grouping (its names are checked against STRATA by the caller)."""
+    return f"{p['confidence']}_{p['samples']}_" + hashlib.sha256("\x1f".join(by).encode()).hexdigest()[:16]
+
+
+def prepare_samples(
+    con: duckdb.DuckDBPyConnection, params: dict | None = None, by: Sequence[str] | None = None
+) -> None:
     """Create the ``cal_samples`` view (the base views must exist: ``registry.prepare``).
 
     Why a cache: ``cal_samples`` joins every prediction to its option probabilities (a hash join of
     the whole ``scored`` relation with the larger ``option_probs``), and eight metrics read it; as a
     plain view each of them paid that join again, most of its time. When the base relations are
     fixed for the connection (``registry.prepare(con, materialize=True)``: a read-only pass over
-    many metrics) the view's rows are computed once per (confidence, samples) into a narrow TEMP
-    table (the strata and the columns the metrics read, not the raw output text) and ``cal_samples``
-    selects from it. A connection with live views (it may also write) keeps the plain view, which
-    always follows the store.
+    many metrics) the view's rows are computed once per (confidence, samples, by) into a narrow
+    TEMP table, the strata of ``by`` (default: all) and the columns the metrics read, not the raw
+    output text or strata no metric of this grouping reads (copying those strings cost as much as
+    the join), and ``cal_samples`` selects from it. A connection with live views (it may also
+    write) keeps the plain view, which always follows the store.
     """
     p = _params(params or {})
     if not _materialized(con):
         con.execute(samples_sql(p))
         return
-    table = f"_cal_samples_{p['confidence']}_{p['samples']}"  # both names are checked by _params
+    strata = list(dict.fromkeys(STRATA if by is None else _check_by(by)))
+    table = f"_cal_samples_{_cache_key(p, strata)}"
     if table not in temp_tables(con):
         src = samples_sql(p).replace("TEMP VIEW cal_samples", f"TEMP VIEW {table}_src", 1)
-        cols = ", ".join([*(c for c in STRATA if c not in _CACHED_COLUMNS), *_CACHED_COLUMNS])
+        cols = ", ".join([*(c for c in strata if c not in _CACHED_COLUMNS), *_CACHED_COLUMNS])
         con.execute(src)
         con.execute(f"CREATE TEMP TABLE {table} AS SELECT {cols} FROM {table}_src")
         con.execute(f"DROP VIEW {table}_src")
@@ -160,13 +171,12 @@ def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[st
     by) into a TEMP table, otherwise it stays a view over the live ``cal_samples``.
     """
     p = _params(params)
-    prepare_samples(con, p)
-    by = list(by)
+    by = _check_by(by)
+    prepare_samples(con, p, by)
     if not _materialized(con):
         con.execute(render_sql(_BLOCKS, by, {"view": "cal_blocks"}))
         return
-    key = hashlib.sha256("\x1f".join(by).encode()).hexdigest()[:16]
-    table = f"_cal_blocks_{p['confidence']}_{p['samples']}_{key}"
+    table = f"_cal_blocks_{_cache_key(p, by)}"
     if table not in temp_tables(con):
         con.execute(render_sql(_BLOCKS, by, {"view": f"{table}_src"}))
         con.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {table}_src")
@@ -180,7 +190,7 @@ def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], di
         if name in _BLOCK_METRICS:
             prepare_blocks(con, p, by)  # also prepares cal_samples
         else:
-            prepare_samples(con, p)
+            prepare_samples(con, p, by)
         n_bins = int(p["n_bins"])  # type: ignore[call-overload]
         return render_sql(REGISTRY[name], by, {**p, "bin_expr": bin_sql("confidence", n_bins)})
 
