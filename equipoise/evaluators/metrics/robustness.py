@@ -156,8 +156,8 @@ def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict) -> None:
     # per pairing into TEMP tables and the views select from them. The key is the rendered SQL.
     key = "_rob_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
     pairs, unpaired = f"{key}_pairs", f"{key}_base_unpaired"
-    con.execute(sql)  # views only, nothing computed: rob_samples is the one of these parameters
     if pairs not in temp_tables(con):
+        con.execute(sql)  # views only, nothing computed yet
         # both pair views read rob_samples twice (base and perturbed side): compute its few
         # columns they use once, build the two tables from it, then restore the plain views
         con.execute(
@@ -167,7 +167,7 @@ def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict) -> None:
             CREATE TEMP TABLE {pairs} AS SELECT * FROM rob_pairs;
             DROP TABLE {key}_s;"""
         )
-        con.execute(sql)
+        con.execute(sql)  # rob_samples back to the plain view (of the pairing built last)
     con.execute(
         f"""CREATE OR REPLACE TEMP VIEW rob_pairs AS SELECT * FROM {pairs};
         CREATE OR REPLACE TEMP VIEW rob_base_unpaired AS SELECT * FROM {unpaired};"""
