@@ -49,12 +49,23 @@ Metrics (definitions in each SQL file's header):
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 
 import duckdb
 import pandas as pd
 
-from equipoise.evaluators.metrics.registry import REGISTRY, SQL_DIR, Metric, register, render_sql
+from equipoise.evaluators.metrics.registry import (
+    REGISTRY,
+    SQL_DIR,
+    STRATA,
+    Metric,
+    _check_by,
+    _materialized,
+    register,
+    render_sql,
+    temp_tables,
+)
 
 _PROB_JOIN = (
     "LEFT JOIN option_probs op ON op.run_id = sc.run_id AND op.item_id = sc.item_id "
@@ -104,15 +115,82 @@ def samples_sql(params: dict | None = None) -> str:
     return text.format(conf_join=join, conf_expr=expr, sample_filter=SAMPLES[str(p["samples"])])
 
 
-def prepare_samples(con: duckdb.DuckDBPyConnection, params: dict | None = None) -> None:
-    """Create the ``cal_samples`` view (the base views must exist: ``registry.prepare``)."""
-    con.execute(samples_sql(params))
+# the columns of cal_samples any calibration metric reads (besides the strata)
+_CACHED_COLUMNS = (
+    "run_id", "item_id", "sample_index", "n_options", "parsed_option_id",
+    "correct", "cal_status", "used", "confidence",
+)  # fmt: skip
+
+
+def _cache_key(p: dict[str, object], by: Sequence[str]) -> str:
+    """Name suffix of a per-connection cache: confidence and samples (both checked by _params) and
+    a hash of the grouping (its names are checked against STRATA by the caller)."""
+    return f"{p['confidence']}_{p['samples']}_" + hashlib.sha256("\x1f".join(by).encode()).hexdigest()[:16]
+
+
+def prepare_samples(
+    con: duckdb.DuckDBPyConnection, params: dict | None = None, by: Sequence[str] | None = None
+) -> None:
+    """Create the ``cal_samples`` view (the base views must exist: ``registry.prepare``).
+
+    Why a cache: ``cal_samples`` joins every prediction to its option probabilities (a hash join of
+    the whole ``scored`` relation with the larger ``option_probs``), and eight metrics read it; as a
+    plain view each of them paid that join again, most of its time. When the base relations are
+    fixed for the connection (``registry.prepare(con, materialize=True)``: a read-only pass over
+    many metrics) the view's rows are computed once per (confidence, samples, by) into a narrow
+    TEMP table, the strata of ``by`` (default: all) and the columns the metrics read, not the raw
+    output text or strata no metric of this grouping reads (copying those strings cost as much as
+    the join), and ``cal_samples`` selects from it. A connection with live views (it may also
+    write) keeps the plain view, which always follows the store.
+    """
+    p = _params(params or {})
+    if not _materialized(con):
+        con.execute(samples_sql(p))
+        return
+    strata = list(dict.fromkeys(STRATA if by is None else _check_by(by)))
+    table = f"_cal_samples_{_cache_key(p, strata)}"
+    if table not in temp_tables(con):
+        src = samples_sql(p).replace("TEMP VIEW cal_samples", f"TEMP VIEW {table}_src", 1)
+        cols = ", ".join([*(c for c in strata if c not in _CACHED_COLUMNS), *_CACHED_COLUMNS])
+        con.execute(src)
+        con.execute(f"CREATE TEMP TABLE {table} AS SELECT {cols} FROM {table}_src")
+        con.execute(f"DROP VIEW {table}_src")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW cal_samples AS SELECT * FROM {table}")
+
+
+# not a registered metric: a shared first step, rendered like one (by, group_by, by_list)
+_BLOCKS = Metric(name="cal_blocks", description="tie blocks of cal_samples", sql="cal_blocks.sql")
+_BLOCK_METRICS = ("auroc", "aurc", "prr", "risk_coverage")  # their SQL reads cal_blocks
+
+
+def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str]) -> None:
+    """Create the ``cal_blocks`` view (``sql/cal_blocks.sql``) over ``cal_samples`` grouped by ``by``.
+
+    Four metrics start with the same sort of a group's distinct confidences; on a connection with
+    fixed base relations (see ``prepare_samples``) it is computed once per (confidence, samples,
+    by) into a TEMP table, otherwise it stays a view over the live ``cal_samples``.
+    """
+    p = _params(params)
+    by = _check_by(by)
+    prepare_samples(con, p, by)
+    if not _materialized(con):
+        con.execute(render_sql(_BLOCKS, by, {"view": "cal_blocks"}))
+        return
+    table = f"_cal_blocks_{_cache_key(p, by)}"
+    if table not in temp_tables(con):
+        con.execute(render_sql(_BLOCKS, by, {"view": f"{table}_src"}))
+        con.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {table}_src")
+        con.execute(f"DROP VIEW {table}_src")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW cal_blocks AS SELECT * FROM {table}")
 
 
 def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], str]:
     def sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
         p = _params(params)
-        prepare_samples(con, p)
+        if name in _BLOCK_METRICS:
+            prepare_blocks(con, p, by)  # also prepares cal_samples
+        else:
+            prepare_samples(con, p, by)
         n_bins = int(p["n_bins"])  # type: ignore[call-overload]
         return render_sql(REGISTRY[name], by, {**p, "bin_expr": bin_sql("confidence", n_bins)})
 

@@ -59,13 +59,23 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from equipoise.evaluators.metrics.registry import REGISTRY, SQL_DIR, Metric, register, render_sql
+from equipoise.evaluators.metrics.registry import (
+    REGISTRY,
+    SQL_DIR,
+    STRATA,
+    Metric,
+    _materialized,
+    register,
+    render_sql,
+    temp_tables,
+)
 
 DEFAULT_BY: tuple[str, ...] = ("model", "prompt_style")
 UNCERTAINTY: dict[str, tuple[str, str]] = {
@@ -73,7 +83,7 @@ UNCERTAINTY: dict[str, tuple[str, str]] = {
     "token_mean": ("-s.token_logprob_mean", "-token_logprob_mean (average token NLL)"),
 }
 _VARIANT_RE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
-_BLOCK_CELLS = 4_000_000  # uniforms drawn per block of replicates
+_BLOCK_CELLS = 1_000_000  # uniforms drawn per block of replicates (the stream does not depend on it)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,6 +123,13 @@ def _variant(params: dict, name: str) -> str:
     return v
 
 
+# the columns of rob_samples that rob_pairs and rob_base_unpaired read
+_SAMPLE_COLUMNS = (
+    *(c for c in STRATA if c != "run_id"),
+    "run_id", "base_id", "item_id", "dataset_id", "decoding_json", "correct", "parsed_role", "uncertainty",
+)  # fmt: skip
+
+
 def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict) -> None:
     kind = params.get("uncertainty", "option_prob")
     if not isinstance(kind, str) or kind not in UNCERTAINTY:
@@ -123,14 +140,37 @@ def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict) -> None:
         raise ValueError(f"base_variant and perturbed_variant are both {base!r}")
     expr, doc = UNCERTAINTY[kind]
     text = (SQL_DIR / "rob_pairs.sql").read_text(encoding="utf-8")
-    con.execute(
-        text.format(
-            base_variant=base,
-            perturbed_variant=perturbed,
-            sample_index=sample_index,
-            uncertainty_expr=expr,
-            uncertainty_doc=doc,
+    sql = text.format(
+        base_variant=base,
+        perturbed_variant=perturbed,
+        sample_index=sample_index,
+        uncertainty_expr=expr,
+        uncertainty_doc=doc,
+    )
+    if not _materialized(con):
+        con.execute(sql)
+        return
+    # Fixed base relations (a read-only pass over many metrics, see registry.prepare): the pairs
+    # (a join of the base and perturbed samples, each joined to its option probability) are the
+    # same for flip_analysis, mcnemar and paired_bootstrap_uncertainty, so they are computed once
+    # per pairing into TEMP tables and the views select from them. The key is the rendered SQL.
+    key = "_rob_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
+    pairs, unpaired = f"{key}_pairs", f"{key}_base_unpaired"
+    if pairs not in temp_tables(con):
+        con.execute(sql)  # views only, nothing computed yet
+        # both pair views read rob_samples twice (base and perturbed side): compute its few
+        # columns they use once, build the two tables from it, then restore the plain views
+        con.execute(
+            f"""CREATE TEMP TABLE {key}_s AS SELECT {", ".join(_SAMPLE_COLUMNS)} FROM rob_samples;
+            CREATE OR REPLACE TEMP VIEW rob_samples AS SELECT * FROM {key}_s;
+            CREATE TEMP TABLE {unpaired} AS SELECT * FROM rob_base_unpaired;
+            CREATE TEMP TABLE {pairs} AS SELECT * FROM rob_pairs;
+            DROP TABLE {key}_s;"""
         )
+        con.execute(sql)  # rob_samples back to the plain view (of the pairing built last)
+    con.execute(
+        f"""CREATE OR REPLACE TEMP VIEW rob_pairs AS SELECT * FROM {pairs};
+        CREATE OR REPLACE TEMP VIEW rob_base_unpaired AS SELECT * FROM {unpaired};"""
     )
 
 
@@ -231,21 +271,37 @@ def _mcnemar(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) ->
     return df
 
 
+def _boot_threads(con: duckdb.DuckDBPyConnection) -> int:
+    """Threads for the per-group bootstraps: DuckDB's own thread setting, so a caller who limits
+    the connection's threads limits this too."""
+    row = con.execute("SELECT current_setting('threads')").fetchone()
+    return max(1, int(row[0])) if row else 1
+
+
 def _paired_bootstrap(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     _check_names("paired_bootstrap_uncertainty", params)
     alpha, n_boot, seed = _alpha(params), _n_boot(params), _seed(params)
     _pairs_view(con, params)
     df = con.execute(render_sql(REGISTRY["paired_bootstrap_uncertainty"], by, params)).df()
-    rows = []
-    for key, diffs in zip(df[list(by)].itertuples(index=False), df.diffs, strict=True):
+
+    def one(key: tuple, diffs: object) -> tuple[int, float, float, float, float]:
         d = np.asarray(diffs, dtype=float)
         if len(d) == 0:
-            rows.append((0, np.nan, np.nan, np.nan, np.nan))
-            continue
-        reps = bootstrap_means(d, n_boot, group_rng(seed, tuple(key)))
+            return (0, np.nan, np.nan, np.nan, np.nan)
+        reps = bootstrap_means(d, n_boot, group_rng(seed, key))
         lo, hi = percentile_ci(reps, alpha)
         p = min(1.0, 2.0 * min(float(np.mean(reps <= 0)), float(np.mean(reps >= 0))))
-        rows.append((len(d), float(d.mean()), lo, hi, p))
+        return (len(d), float(d.mean()), lo, hi, p)
+
+    # Every group draws from its own generator (group_rng), so groups can run in parallel threads
+    # (numpy releases the GIL while drawing and gathering) with results identical to a loop.
+    keys = [tuple(k) for k in df[list(by)].itertuples(index=False)]
+    workers = min(len(keys), _boot_threads(con))
+    if workers > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            rows = list(pool.map(one, keys, df.diffs))
+    else:
+        rows = [one(k, d) for k, d in zip(keys, df.diffs, strict=True)]
     out = df.drop(columns="diffs")
     out["n_used"] = [r[0] for r in rows]
     out["mean_diff"] = [r[1] for r in rows]

@@ -3,23 +3,25 @@
 -- average rank), then AUROC = (R_correct - n_c (n_c + 1) / 2) / (n_c n_i), where R_correct is the
 -- sum of the correct rows' ranks. Equals P(conf_correct > conf_incorrect) + P(equal) / 2. NULL when
 -- the group's used rows hold only one class (or none).
+-- Computed per tie block (cal_blocks, see cal_blocks.sql): the used rows of a distinct confidence
+-- share the average rank (rows below) + (n_b + 1) / 2, rows below = n_used - k_before - n_b, so
+-- R_correct = sum over blocks of c_b times it (exact in doubles: half-integers far below 2^53).
 WITH r AS (
     SELECT *,
-           CASE WHEN used THEN rank() OVER w + (count(*) OVER wt - 1) / 2.0 END AS avg_rank
-    FROM cal_samples
-    WINDOW w AS (PARTITION BY {by} used ORDER BY confidence),
-           wt AS (PARTITION BY {by} used, confidence)
+           n_b - e_b                                                            AS c_b,
+           CASE WHEN cal_status = 'used' THEN n_used - k_before - n_b + 1 + (n_b - 1) / 2.0 END AS avg_rank
+    FROM cal_blocks
 ),
 g AS (
     SELECT {by}
-           count(*)                                               AS n_total,
-           count(*) FILTER (WHERE used)                           AS n,
-           count(*) FILTER (WHERE NOT used)                       AS n_excluded,
-           count(*) FILTER (WHERE cal_status = 'unparsed')        AS n_unparsed,
-           count(*) FILTER (WHERE cal_status = 'no_confidence')   AS n_no_confidence,
-           count(*) FILTER (WHERE used AND correct)               AS n_correct,
-           count(*) FILTER (WHERE used AND NOT correct)           AS n_incorrect,
-           sum(avg_rank) FILTER (WHERE used AND correct)          AS rank_sum_correct
+           coalesce(sum(n_b), 0)::BIGINT                                      AS n_total,
+           coalesce(sum(n_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT   AS n,
+           coalesce(sum(n_b) FILTER (WHERE cal_status <> 'used'), 0)::BIGINT  AS n_excluded,
+           coalesce(sum(n_b) FILTER (WHERE cal_status = 'unparsed'), 0)::BIGINT AS n_unparsed,
+           coalesce(sum(n_b) FILTER (WHERE cal_status = 'no_confidence'), 0)::BIGINT AS n_no_confidence,
+           coalesce(sum(c_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT   AS n_correct,
+           coalesce(sum(n_b - c_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n_incorrect,
+           sum(c_b * avg_rank) FILTER (WHERE cal_status = 'used')             AS rank_sum_correct
     FROM r
     {group_by}
 )

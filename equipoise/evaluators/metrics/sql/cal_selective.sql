@@ -14,45 +14,36 @@
 --   e_aurc      = aurc - aurc_oracle (excess AURC);
 --   prr         = (aurc_random - aurc) / (aurc_random - aurc_oracle): 1 = oracle ordering, 0 = no
 --                 better than random, < 0 worse; NULL when the used rows hold only one class.
--- The acceptance position is called `pos`, not `k`: `k` is a stratum column of cal_samples and the
--- two would clash when grouping by it.
-WITH r AS (
-    SELECT {by} used, cal_status, correct,
-           (NOT correct)::INT                  AS err,
-           row_number() OVER wo                AS pos,
-           sum((NOT correct)::INT) OVER wr     AS e_incl,
-           count(*) OVER wr                    AS k_incl,
-           sum((NOT correct)::INT) OVER wt     AS e_b,
-           count(*) OVER wt                    AS n_b,
-           sum(correct::INT) OVER wg           AS n_c
-    FROM cal_samples
-    WINDOW wo AS (PARTITION BY {by} used ORDER BY confidence DESC),
-           wr AS (PARTITION BY {by} used ORDER BY confidence DESC
-                  RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW),
-           wt AS (PARTITION BY {by} used, confidence),
-           wg AS (PARTITION BY {by} used)
-),
-rk AS (
-    SELECT *,
-           CASE WHEN used THEN
-                ((e_incl - e_b) + (pos - (k_incl - n_b)) * e_b::DOUBLE / n_b) / pos END AS risk_k,
-           CASE WHEN used THEN
-                CASE WHEN pos > n_c THEN (pos - n_c)::DOUBLE / pos ELSE 0.0 END END AS oracle_k
-    FROM r
-),
-g AS (
+-- Computed per tie block (cal_blocks, see cal_blocks.sql: n_b rows and e_b errors per distinct
+-- confidence, with K = k_before and E_K = e_before): a block adds sum over j = 1..n_b of
+-- (E_K + j e_b / n_b) / (K + j) to the sum of risk(k) (one term when n_b = 1, the common case with
+-- continuous confidences): the same terms as a row-by-row window, without ranking every row. The
+-- oracle's sum over k = C+1..N of (k - C) / k is summed term by term, as exact as the row form.
+-- Names must not reuse a STRATA column (`k` is a stratum column of cal_samples), hence the lambda
+-- variables j and q.
+WITH g AS (
     SELECT {by}
-           count(*)                                               AS n_total,
-           count(*) FILTER (WHERE used)                           AS n,
-           count(*) FILTER (WHERE NOT used)                       AS n_excluded,
-           count(*) FILTER (WHERE cal_status = 'unparsed')        AS n_unparsed,
-           count(*) FILTER (WHERE cal_status = 'no_confidence')   AS n_no_confidence,
-           count(*) FILTER (WHERE used AND NOT correct)           AS n_errors,
-           avg(err::DOUBLE) FILTER (WHERE used)                   AS error_rate,
-           avg(risk_k) FILTER (WHERE used)                        AS aurc,
-           avg(oracle_k) FILTER (WHERE used)                      AS aurc_oracle
-    FROM rk
+           coalesce(sum(n_b), 0)::BIGINT                             AS n_total,
+           coalesce(sum(n_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n,
+           coalesce(sum(n_b) FILTER (WHERE cal_status <> 'used'), 0)::BIGINT AS n_excluded,
+           coalesce(sum(n_b) FILTER (WHERE cal_status = 'unparsed'), 0)::BIGINT AS n_unparsed,
+           coalesce(sum(n_b) FILTER (WHERE cal_status = 'no_confidence'), 0)::BIGINT AS n_no_confidence,
+           coalesce(sum(e_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n_errors,
+           sum(CASE WHEN n_b = 1 THEN (e_before + e_b)::DOUBLE / (k_before + 1)
+                    ELSE list_sum(list_transform(range(1, n_b + 1),
+                                  lambda j: (e_before + j * e_b::DOUBLE / n_b) / (k_before + j))) END)
+               FILTER (WHERE cal_status = 'used')                    AS risk_sum
+    FROM cal_blocks
     {group_by}
+),
+o AS (
+    SELECT *,
+           n_errors / nullif(n, 0)                                   AS error_rate,
+           risk_sum / nullif(n, 0)                                   AS aurc,
+           CASE WHEN n > 0 THEN
+                coalesce(list_sum(list_transform(range(n - n_errors + 1, n + 1),
+                                  lambda q: (q - (n - n_errors))::DOUBLE / q)), 0.0) / n END AS aurc_oracle
+    FROM g
 )
 SELECT {by}
        n_total, n, n_excluded, n_unparsed, n_no_confidence, n_errors, error_rate,
@@ -62,5 +53,5 @@ SELECT {by}
        aurc - aurc_oracle                                 AS e_aurc,
        CASE WHEN n_errors > 0 AND n_errors < n
             THEN (error_rate - aurc) / (error_rate - aurc_oracle) END AS prr
-FROM g
+FROM o
 ORDER BY ALL

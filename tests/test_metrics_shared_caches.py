@@ -1,0 +1,84 @@
+"""The per-connection caches of the calibration and robustness metrics give the numbers of the views.
+
+On a connection with fixed base relations (``prepare(con, materialize=True)``, what ``equipoise
+metrics`` and ``report`` use) ``cal_samples`` and its tie blocks (calibration.py) and the robustness
+pairs (robustness.py) are computed once into TEMP tables keyed by their parameters and grouping. A
+key that missed a parameter, or a narrow table that missed a column some grouping needs, would
+serve another query's rows; so every metric is compared with the plain views under several
+groupings and parameters, after the cache was filled by a different grouping and parameters.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import pandas as pd
+import pytest
+
+from equipoise.builders.mcq_build import build_mcq_suite
+from equipoise.evaluators.metrics.registry import _load_all, compute, prepare
+from equipoise.evaluators.reference_run import run_reference_policies
+from equipoise.evaluators.store import connect
+
+CAL = ("auroc", "aurc", "prr", "ece", "reliability", "brier", "brier_multiclass", "risk_coverage")
+ROB = ("flip_analysis", "mcnemar", "paired_bootstrap_uncertainty")
+BYS = ([], ["run_id"], ["variant", "k"], ["model", "condition"], ["k", "model"])
+CAL_PARAMS = (
+    {},
+    {"confidence": "target_prob", "samples": "first", "n_bins": 7},
+    {"samples": "first", "n_bins": 3},
+)
+ROB_PARAMS = ({}, {"uncertainty": "token_mean"})
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("caches")
+    path = root / "s.duckdb"
+    con = connect(path)
+    for suite, kwargs in (("clear", {"max_k": 1}), ("nota", {})):
+        folder = root / suite
+        build_mcq_suite(suite, folder, seed=5, **kwargs)
+        run_reference_policies(con, folder, progress=False, policies=["calibrated", "chance"])
+    con.close()
+    return path
+
+
+def _check(store, name: str, by: list[str], params: dict, prime: dict, prefix: str) -> None:
+    _load_all()
+    views = duckdb.connect(str(store), read_only=True)
+    tables = duckdb.connect(str(store), read_only=True)
+    try:
+        a = compute(views, name, by, params)
+        prepare(tables, materialize=True)
+        # fill the caches first under keys that differ in one part each: parameters, then grouping
+        compute(tables, name, by, prime)
+        compute(tables, name, ["model"], params)
+        b = compute(tables, name, by, params)
+        cached = (
+            f"SELECT count(*) FROM duckdb_tables() WHERE temporary AND starts_with(table_name, '{prefix}')"
+        )
+        n_tables, n_views = tables.execute(cached).fetchone()[0], views.execute(cached).fetchone()[0]
+    finally:
+        views.close()
+        tables.close()
+    assert len(a) > 0
+    assert n_tables >= 2 and n_views == 0  # the cache is used, and only where the relations are fixed
+    pd.testing.assert_frame_equal(
+        a.reset_index(drop=True), b.reset_index(drop=True), check_exact=False, rtol=1e-12
+    )
+
+
+@pytest.mark.parametrize("name", CAL)
+@pytest.mark.parametrize("by", BYS)
+@pytest.mark.parametrize("params", CAL_PARAMS)
+def test_calibration_caches_match_the_views(store, name, by, params):
+    prime = {"confidence": "token_mean"}  # no token log-probabilities here: an empty cache entry
+    _check(store, name, by, params, prime, "_cal_samples_")
+
+
+@pytest.mark.parametrize("name", ROB)
+@pytest.mark.parametrize("by", BYS)
+@pytest.mark.parametrize("params", ROB_PARAMS)
+def test_robustness_pairs_cache_matches_the_views(store, name, by, params):
+    prime = {} if params else {"uncertainty": "token_mean"}
+    _check(store, name, by, {**params, "n_boot": 50} if "bootstrap" in name else params, prime, "_rob_")
