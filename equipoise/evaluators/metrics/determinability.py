@@ -53,7 +53,6 @@ from collections.abc import Sequence
 import duckdb
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from equipoise.evaluators.metrics.registry import REGISTRY, Metric, register, render_sql
 
@@ -92,6 +91,8 @@ def fisher_table_p(n_correct: int, n: int, n_correct_ref: int, n_ref: int) -> tu
     """Two-sided Fisher exact test of [[correct, wrong], [correct_ref, wrong_ref]]: (odds ratio, p)."""
     if n == 0 or n_ref == 0:
         return float("nan"), float("nan")
+    from scipy import stats  # imported on use: scipy costs ~1 s at start-up (a cached `metrics` call)
+
     res = stats.fisher_exact([[n_correct, n - n_correct], [n_correct_ref, n_ref - n_correct_ref]])
     return float(res.statistic), float(res.pvalue)
 
@@ -118,6 +119,8 @@ def spearman(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Spearman's rho and two-sided p (scipy); NaN for fewer than 3 points or a constant input."""
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan"), float("nan")
+    from scipy import stats
+
     res = stats.spearmanr(x, y)
     return float(res.statistic), float(res.pvalue)
 

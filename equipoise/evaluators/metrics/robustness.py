@@ -64,7 +64,6 @@ from concurrent.futures import ThreadPoolExecutor
 import duckdb
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from equipoise.evaluators.metrics.registry import (
     REGISTRY,
@@ -245,6 +244,8 @@ def mcnemar_test(b: int, c: int, exact_below: int = 25) -> tuple[str, float, flo
     """(method, statistic, p) for discordant counts b, c, by the rule in the module docstring."""
     if b < 0 or c < 0 or exact_below < 1:
         raise ValueError(f"need b, c >= 0 and exact_below >= 1, got b={b}, c={c}, exact_below={exact_below}")
+    from scipy import stats  # imported on use: scipy costs ~1 s at start-up (a cached `metrics` call)
+
     n = b + c
     if n < exact_below:
         stat = min(b, c)
