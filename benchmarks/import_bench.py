@@ -1,10 +1,11 @@
 """Rows per second into the store: the full `import` path, and the raw insert with and without
 the resume bookkeeping (store.insert_table: stage, anti-join, append), measured in one run.
 
-    python benchmarks/import_bench.py --rows 1000000
+    python benchmarks/import_bench.py --rows 1000000 [--format parquet]
 
 1. builds a synthetic store holding only items and options (no predictions);
-2. writes ``--rows`` prediction records as JSONL in the documented import format (not timed);
+2. writes ``--rows`` prediction records as JSONL in the documented import format (not timed), and
+   with ``--format parquet`` the same records as one Parquet file (``option_logprobs`` a struct);
 3. times ``import_predictions`` end to end (Arrow JSON parsing, the columnar checks, item/label
    checks, one transaction for predictions + option scores; option scores are 4 rows per record);
 4. times the store write alone on the same prediction rows as an Arrow table: into the real
@@ -32,6 +33,7 @@ import numpy as np
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", help="file format imported")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/import.json"))
     args = ap.parse_args()
     from equipoise.builders.prompts import decision_template
@@ -74,10 +76,17 @@ def main() -> int:
                     )
                     + "\n"
                 )
+    src = jsonl
+    if args.format == "parquet":
+        import pyarrow.json
+        import pyarrow.parquet as pq
+
+        src = tmp / "preds.parquet"
+        pq.write_table(pyarrow.json.read_json(jsonl), src)
     write_s = time.perf_counter() - t0
     rows = 2 * n_items
     t0 = time.perf_counter()
-    res = import_predictions(con, jsonl)
+    res = import_predictions(con, src)
     import_s = time.perf_counter() - t0
     assert res.added == rows, res
     # raw store write, same rows, with and without the resume bookkeeping
@@ -104,6 +113,8 @@ def main() -> int:
             "cpus": os.cpu_count(),
         },
         "rows": rows,
+        "format": args.format,
+        "input_mb": src.stat().st_size / 1e6,
         "jsonl_mb": jsonl.stat().st_size / 1e6,
         "jsonl_write_s": write_s,
         "import_s": import_s,
@@ -116,7 +127,8 @@ def main() -> int:
         "peak_rss_mib": peak_mib,
     }
     print(f"{'path':<44} {'seconds':>9} {'rows/s':>12}")
-    print(f"{'import (parse + validate + insert), JSONL':<44} {import_s:>9.2f} {rows / import_s:>12,.0f}")
+    label = f"import (parse + validate + insert), {args.format}"
+    print(f"{label:<44} {import_s:>9.2f} {rows / import_s:>12,.0f}")
     print(f"{'store insert_table (anti-join append)':<44} {keyed_s:>9.2f} {rows / keyed_s:>12,.0f}")
     print(f"{'store insert, no key, plain INSERT':<44} {plain_s:>9.2f} {rows / plain_s:>12,.0f}")
     print(f"{'resume over fully present rows (no-op)':<44} {resume_s:>9.2f} {rows / resume_s:>12,.0f}")

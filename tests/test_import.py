@@ -223,3 +223,118 @@ def test_anything_uncertain_takes_the_checked_path(nota, tmp_path, mutate):
     assert imp._fast_import(con, f) is None
     assert scalar(con, "SELECT count(*) FROM predictions") == 0
     con.close()
+
+
+def _dup_key(recs: list[dict]) -> None:
+    recs[4].update(item_id=recs[0]["item_id"], sample_index=recs[0]["sample_index"])
+
+
+# Crafted bad files: each breaks one rule, in a way the columnar checks must see themselves (no
+# parse error does it for them). Both paths must refuse every one; the message is the record
+# path's, so it is the same whichever path runs first.
+CRAFTED = [
+    ("unknown_option_label", lambda recs: recs[4]["option_logprobs"].update(Z=-1.0)),
+    ("unknown_parsed_label", lambda recs: recs[4].update(parsed_label="Z")),
+    ("positive_logprob", lambda recs: recs[4]["option_logprobs"].update(A=0.5)),
+    ("missing_column", lambda recs: recs[4].pop("raw_output")),
+    ("null_raw_output", lambda recs: recs[4].update(raw_output=None)),
+    ("unknown_dataset", lambda recs: recs[4].update(dataset_id="0" * 64)),
+    ("unknown_config", lambda recs: recs[4].update(config="no_such_config")),
+    ("unknown_item", lambda recs: recs[4].update(item_id="nope:plus_nota")),
+    ("repeated_key", _dup_key),
+    ("negative_sample", lambda recs: recs[4].update(sample_index=-1)),
+    ("huge_sample", lambda recs: recs[4].update(sample_index=2**31)),
+    ("huge_tokens", lambda recs: recs[4].update(n_output_tokens=2**31)),
+    ("negative_latency", lambda recs: recs[4].update(latency_ms=-1.0)),
+    ("negative_temperature", lambda recs: recs[4].update(temperature=-0.5)),
+    ("bad_sha", lambda recs: recs[4].update(prompt_sha256="A" * 64)),
+    ("empty_model", lambda recs: recs[4].update(model="")),
+    ("empty_template", lambda recs: recs[4].update(prompt_template_id="")),
+    ("null_config", lambda recs: recs[4].update(config=None)),
+]
+
+
+@pytest.mark.parametrize(("name", "mutate"), CRAFTED, ids=[c[0] for c in CRAFTED])
+def test_columnar_and_record_paths_refuse_the_same_crafted_files(nota, tmp_path, name, mutate):
+    import equipoise.evaluators.importer as imp
+
+    con = _store(tmp_path, nota)
+    import_predictions(con, _write_jsonl(tmp_path / "good.jsonl", _records(nota, n=3)))
+    before = _stored(con)
+    recs = _records(nota)
+    mutate(recs)
+    f = _write_jsonl(tmp_path / f"{name}.jsonl", recs)
+    assert imp._fast_import(con, f) is None  # the columnar checks refuse it on their own
+    messages = []
+    for fast in (False, True):
+        try:
+            import_predictions(con, f, fast=fast)
+        except ImportError_ as e:
+            messages.append(str(e))
+        else:
+            pytest.fail(f"{name} was imported (fast={fast})")
+    assert messages[0] == messages[1] and f"{f}:5" in messages[0], messages
+    assert _stored(con) == before
+    con.close()
+
+
+@pytest.mark.parametrize("fault", ["unknown_item", "negative_sample", "missing_column", "bad_sha"])
+def test_parquet_crafted_files_are_refused_by_both_paths(nota, tmp_path, fault):
+    import equipoise.evaluators.importer as imp
+
+    recs = [{k: v for k, v in r.items() if k != "option_logprobs"} for r in _records(nota)]
+    dict(CRAFTED)[fault](recs)
+    f = tmp_path / "p.parquet"
+    pq.write_table(pa.Table.from_pylist(recs), f)
+    con = _store(tmp_path, nota)
+    assert imp._fast_import(con, f) is None
+    with pytest.raises(ImportError_, match=rf"{f}:5: "):
+        import_predictions(con, f)
+    assert scalar(con, "SELECT count(*) FROM predictions") == 0
+    con.close()
+
+
+@pytest.mark.parametrize(
+    "late",
+    [
+        lambda r: r["option_logprobs"].pop(next(iter(r["option_logprobs"]))),  # a label absent later
+        lambda r: r.update(backend="import:late"),  # a defaulted key first seen after the sample
+        lambda r: r.update(token_logprobs=[-1, -2]),  # integers where the sample had floats
+        lambda r: r.update(temperature=0.3),
+    ],
+    ids=["fewer_labels", "late_backend", "int_tokens", "late_temperature"],
+)
+def test_types_taken_from_the_head_of_the_file_never_change_the_result(nota, tmp_path, monkeypatch, late):
+    """The columnar parse types a large file from its first lines (``_SAMPLE_BYTES``); whatever
+    the later lines hold, it writes what the record path writes."""
+    import equipoise.evaluators.importer as imp
+
+    monkeypatch.setattr(imp, "_SAMPLE_BYTES", 1500)  # a few records: the rest is "later"
+    recs = _records(nota)
+    for r in recs[6:]:
+        late(r)
+    f = _write_jsonl(tmp_path / "p.jsonl", recs)
+    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
+    for con in (fast_con, slow_con):
+        register(con, nota, "plus_nota")
+    assert imp._fast_import(fast_con, f) is not None
+    import_predictions(slow_con, f, fast=False)
+    assert _stored(fast_con) == _stored(slow_con)
+    fast_con.close()
+    slow_con.close()
+
+
+def test_an_explicit_null_after_the_sample_is_still_refused(nota, tmp_path, monkeypatch):
+    """``"backend": null`` is a validation error, an absent backend is the default: a null that
+    only appears after the typed head of the file must still be judged as a null."""
+    import equipoise.evaluators.importer as imp
+
+    monkeypatch.setattr(imp, "_SAMPLE_BYTES", 1500)
+    recs = _records(nota)
+    recs[8]["backend"] = None
+    f = _write_jsonl(tmp_path / "p.jsonl", recs)
+    con = _store(tmp_path, nota)
+    assert imp._fast_import(con, f) is None
+    with pytest.raises(ImportError_, match=rf"{f}:9: backend"):
+        import_predictions(con, f)
+    con.close()

@@ -12,26 +12,31 @@ file that passes completely is inserted, in one transaction, so nothing already 
 by a failed import, and importing the same file twice adds nothing (primary keys).
 
 Two paths, one behaviour. A valid file is imported column by column (:func:`_fast_import`): Arrow
-parses the whole JSONL or Parquet file into typed columns, DuckDB checks every constraint above as a
-set operation (types, ranges, patterns, finiteness, stored dataset / item / label, repeated keys)
-and builds the rows in bulk; only records without a ``parsed_label`` go through the answer parser
-one by one. Whenever that path is not certain a file is valid (any check fails, a type it does not
-expect, a ``null`` that JSON could mean as "absent"), it writes nothing and the record-by-record
-path (pydantic per record) runs instead and names the first problem by file, line and field. Both
-paths write identical rows (tested on files of every allowed shape).
+parses the whole JSONL or Parquet file into typed columns, DuckDB reads them in place and checks
+every constraint above as a set operation (types, ranges, patterns, finiteness once per row; the
+run fields once per distinct run; stored dataset / item / labels through one bitmask of each
+item's options; repeated keys), then inserts the rows straight from SQL; only records without a
+``parsed_label`` go through the answer parser one by one. Whenever that path is not certain a file
+is valid (any check fails, a type it does not expect, a ``null`` that JSON could mean as "absent"),
+it writes nothing and the record-by-record path (pydantic per record) runs instead and names the
+first problem by file, line and field. Both paths write identical rows (tested on files of every
+allowed shape) and refuse the same files (tested on crafted bad files).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import operator
 import re
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 import pyarrow
@@ -44,7 +49,7 @@ from equipoise import __version__
 from equipoise.evaluators.backends.base import Decoding
 from equipoise.evaluators.parsing import parse_answer
 from equipoise.evaluators.runner import run_id_for
-from equipoise.evaluators.store import OptionScoreRow, PredictionRow, RunRow, insert_batch
+from equipoise.evaluators.store import OptionScoreRow, PredictionRow, RunRow, insert_batch, insert_selects
 from equipoise.schemas.clindet import canonical_json
 from equipoise.schemas.features import arrow_schema
 
@@ -217,22 +222,6 @@ _RUN_KEY = (
     "dataset_id",
     "config",
 )
-_FAST_CHECKS = """
-SELECT count(*) FILTER (WHERE NOT (
-        model IS NOT NULL AND length(model) >= 1
-    AND prompt_template_id IS NOT NULL AND length(prompt_template_id) >= 1
-    AND backend IS NOT NULL AND prompt_style IS NOT NULL
-    AND config IS NOT NULL AND item_id IS NOT NULL AND raw_output IS NOT NULL
-    AND regexp_full_match(coalesce(prompt_sha256, ''), '[0-9a-f]{64}')
-    AND regexp_full_match(coalesce(dataset_id, ''), '[0-9a-f]{64}')
-    AND sample_index IS NOT NULL AND sample_index BETWEEN 0 AND 2147483647
-    AND (n_output_tokens IS NULL OR n_output_tokens BETWEEN 0 AND 2147483647)
-    AND (latency_ms IS NULL OR (isfinite(latency_ms) AND latency_ms >= 0))
-    AND (temperature IS NULL OR (isfinite(temperature) AND temperature >= 0))
-    AND (tl IS NULL OR list_bool_and(list_transform(tl, lambda x: x IS NOT NULL AND isfinite(x))))
-))
-FROM _imp
-"""
 
 
 def _fast_table(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
@@ -242,6 +231,58 @@ def _fast_table(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
         return _read_columns(path)
     except (OSError, pyarrow.ArrowException, UnicodeError, ValueError, TypeError, KeyError):
         return None
+
+
+_SAMPLE_BYTES = 1 << 20
+_DEFAULTED = ("backend", "prompt_style", "sample_index")
+
+
+def _parse_jsonl(data: bytes) -> pyarrow.Table:
+    """JSONL text as an Arrow table: the scalar fields typed by :data:`_SCALARS`, the nested ones
+    (``option_logprobs`` with its free keys, ``token_logprobs``) inferred.
+
+    Why two tries: inferring the nested types over a whole large file costs about a third of the
+    parse. So the types are inferred on the first MiB of lines and the whole file is parsed with
+    them and no inference, any field they do not name being an error (a label first seen later, a
+    float where the sample had integers, a key left out of the whole sample). Any such error
+    means: parse again with inference, exactly as a small file is parsed. A defaulted field
+    (``backend``, ``prompt_style``, ``sample_index``) that is null in the whole sample is left out
+    of the schema, so a successful parse also proves the key never occurs, which spares the
+    null-vs-absent scan of the text."""
+    infer = pyarrow.json.ParseOptions(explicit_schema=_SCALARS, unexpected_field_behavior="infer")
+    cut = data.rfind(b"\n", 0, _SAMPLE_BYTES)
+    if 0 < cut < len(data) - 1:
+        try:
+            head = pyarrow.json.read_json(
+                pyarrow.BufferReader(pyarrow.py_buffer(data).slice(0, cut + 1)), parse_options=infer
+            )
+            schema = pyarrow.schema(
+                [
+                    f
+                    for f in head.schema
+                    if not (f.name in _DEFAULTED and head[f.name].null_count == head.num_rows)
+                ]
+            )
+            strict = pyarrow.json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
+            return pyarrow.json.read_json(pyarrow.BufferReader(data), parse_options=strict)
+        except pyarrow.ArrowException:
+            pass  # whatever the sample did not foresee: the inferring parse below decides
+    return pyarrow.json.read_json(pyarrow.BufferReader(data), parse_options=infer)
+
+
+def _null_may_be_ambiguous(table: pyarrow.Table) -> bool:
+    """Whether a null in ``table`` may stand for an explicit JSON ``null`` where the two paths
+    would differ: a defaulted field that is null somewhere, or a scored label missing from a
+    record that has scores (absent: fine; ``null``: a validation error)."""
+    for name in _DEFAULTED:
+        if name in table.column_names and table[name].null_count:
+            return True
+    if "option_logprobs" in table.column_names and pyarrow.types.is_struct(table["option_logprobs"].type):
+        col = table["option_logprobs"]
+        for i in range(col.type.num_fields):
+            if pyarrow.compute.struct_field(col, [i]).null_count > col.null_count:
+                return True
+    return False
 
 
 def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
@@ -254,10 +295,10 @@ def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
         else:
             with path.open("rb") as f:
                 data = f.read()
-            if b"null" in data and _AMBIGUOUS_NULL.search(data):  # memchr-fast test first
+            table = _parse_jsonl(data)
+            # the null-vs-absent regex over the whole text runs only when the columns leave it open
+            if _null_may_be_ambiguous(table) and b"null" in data and _AMBIGUOUS_NULL.search(data):
                 return None
-            opts = pyarrow.json.ParseOptions(explicit_schema=_SCALARS, unexpected_field_behavior="infer")
-            table = pyarrow.json.read_json(pyarrow.BufferReader(data), parse_options=opts)
             del data
     except (OSError, pyarrow.ArrowException, UnicodeDecodeError, ValueError):
         return None
@@ -323,82 +364,75 @@ def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
 
 def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | None:
     """Import a valid file column by column: Arrow parses it, DuckDB checks every record against the
-    stored items in a few set operations. Returns None (nothing written) as soon as anything is
-    not certainly valid; the record-by-record path then finds and names the problem, so both paths
-    accept exactly the same files and write the same rows."""
+    stored items in a few set operations and writes the rows without them ever becoming Python
+    objects. Returns None (nothing written) as soon as anything is not certainly valid; the
+    record-by-record path then finds and names the problem, so both paths accept exactly the same
+    files and write the same rows."""
     got = _fast_table(path)
     if got is None or got[0].num_rows == 0:
         return None
     table, labels = got
+    # the record number travels as a column: DuckDB's row_number() OVER () is a single-threaded
+    # window over the whole file, and a numpy range costs nothing
+    table = table.append_column("rn", pyarrow.array(np.arange(1, table.num_rows + 1, dtype=np.int64)))
+    con.register("_imp", table)  # read in place (Arrow scan), never copied into a DuckDB table
     try:
-        con.register("_imp_raw", table)
-        try:
-            con.execute(
-                "CREATE OR REPLACE TEMP TABLE _imp AS SELECT row_number() OVER () AS rn, * FROM _imp_raw"
-            )
-        finally:
-            con.unregister("_imp_raw")
-        return _fast_checked(con, path, labels)
+        return _fast_checked(con, labels)
     except duckdb.Error:
         return None  # anything DuckDB refuses is left to the checked path to name
     finally:
+        con.unregister("_imp")
+        for name in ("_imp_runs", "_imp_labels", "_imp_parsed"):
+            con.unregister(name)
         con.execute(
-            "DROP TABLE IF EXISTS _imp; DROP TABLE IF EXISTS _imp_scores; DROP TABLE IF EXISTS _imp_rows"
+            "DROP TABLE IF EXISTS _imp_keys; DROP TABLE IF EXISTS _imp_opt; DROP TABLE IF EXISTS _imp_rows"
         )
 
 
-def _fast_checked(con: duckdb.DuckDBPyConnection, path: Path, labels: list[str]) -> ImportSummary | None:
-    if con.execute(_FAST_CHECKS).fetchone()[0]:
-        return None
+def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSummary | None:
+    """The set checks and the bulk write of :func:`_fast_import` (``_imp`` is the parsed file).
+
+    Each check is the SQL twin of a rule of :class:`ImportedPrediction` or of the record-by-record
+    loop; tests feed both paths the same crafted files. Checks that depend only on the run
+    columns run once per distinct run key, not once per record."""
     lp = [f"lp_{i}" for i in range(len(labels))]
-    for col in lp:
-        if con.execute(
-            f"SELECT count(*) FROM _imp WHERE {col} IS NOT NULL AND NOT (isfinite({col}) AND {col} <= 1e-9)"
-        ).fetchone()[0]:
-            return None
-    # option scores, long: one row per record and label given
-    if labels:
-        union = " UNION ALL ".join(
-            f"SELECT rn, item_id, dataset_id, config, {_sql_str(lab)} AS label, {col} AS logprob, {k} AS k "
-            f"FROM _imp WHERE {col} IS NOT NULL"
-            for k, (lab, col) in enumerate(zip(labels, lp, strict=True))
-        )
-        con.execute(f"CREATE OR REPLACE TEMP TABLE _imp_scores AS {union}")
-    else:
-        con.execute(
-            "CREATE OR REPLACE TEMP TABLE _imp_scores AS SELECT 0::BIGINT AS rn, '' AS item_id, "
-            "'' AS dataset_id, '' AS config, '' AS label, 0.0::DOUBLE AS logprob, 0 AS k WHERE false"
-        )
-    # every record's dataset, item, parsed label and scored labels are in the store
-    bad = con.execute(
-        """
-        SELECT
-          (SELECT count(*) FROM _imp i WHERE NOT EXISTS (
-              SELECT 1 FROM options o WHERE o.dataset_id = i.dataset_id AND o.config = i.config
-                AND o.item_id = i.item_id)),
-          (SELECT count(*) FROM _imp i WHERE i.parsed_label IS NOT NULL AND NOT EXISTS (
-              SELECT 1 FROM options o WHERE o.dataset_id = i.dataset_id AND o.config = i.config
-                AND o.item_id = i.item_id AND o.label = i.parsed_label)),
-          (SELECT count(*) FROM _imp_scores s WHERE NOT EXISTS (
-              SELECT 1 FROM options o WHERE o.dataset_id = s.dataset_id AND o.config = s.config
-                AND o.item_id = s.item_id AND o.label = s.label))
-        """
-    ).fetchone()
-    if any(bad):
+    row_ok = " AND ".join(
+        [
+            "item_id IS NOT NULL AND raw_output IS NOT NULL",
+            "sample_index IS NOT NULL AND sample_index BETWEEN 0 AND 2147483647",
+            "(n_output_tokens IS NULL OR n_output_tokens BETWEEN 0 AND 2147483647)",
+            "(latency_ms IS NULL OR (isfinite(latency_ms) AND latency_ms >= 0))",
+            "(tl IS NULL OR list_bool_and(list_transform(tl, lambda x: x IS NOT NULL AND isfinite(x))))",
+            *(f"({c} IS NULL OR (isfinite({c}) AND {c} <= 1e-9))" for c in lp),
+        ]
+    )
+    if _one(con, f"SELECT count(*) FILTER (WHERE NOT ({row_ok})) FROM _imp"):
         return None
-    # runs: one per distinct run key, named and recorded in order of first appearance (as the
-    # record-by-record path does)
-    keys = con.execute(
-        """SELECT model, backend, prompt_style, prompt_template_id, prompt_sha256, temperature, dataset_id,
-                  config, min(rn) AS first
-           FROM _imp GROUP BY ALL ORDER BY first"""
-    ).fetchall()
+    # run keys: one row per distinct key, first appearance first (the order the record-by-record
+    # path names runs in); the per-run field rules are checked on these few rows
+    cols = ", ".join(_RUN_KEY)
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE _imp_keys AS SELECT {cols}, min(rn) AS first FROM _imp GROUP BY ALL"
+    )
+    if _one(
+        con,
+        """SELECT count(*) FILTER (WHERE NOT (
+                model IS NOT NULL AND length(model) >= 1
+            AND prompt_template_id IS NOT NULL AND length(prompt_template_id) >= 1
+            AND backend IS NOT NULL AND prompt_style IS NOT NULL AND config IS NOT NULL
+            AND regexp_full_match(coalesce(prompt_sha256, ''), '[0-9a-f]{64}')
+            AND regexp_full_match(coalesce(dataset_id, ''), '[0-9a-f]{64}')
+            AND (temperature IS NULL OR (isfinite(temperature) AND temperature >= 0))))
+           FROM _imp_keys""",
+    ):
+        return None
+    keys = con.execute(f"SELECT {cols} FROM _imp_keys ORDER BY first").fetchall()
     runs: dict[str, RunRow] = {}
-    key_rows = []
-    for model, backend, style, tpl, sha, temp, did, cfg, _ in keys:
+    key_runs: list[str] = []
+    for model, backend, style, tpl, sha, temp, did, cfg in keys:
         decoding = Decoding(temperature=temp or 0.0, logprobs=False, top_logprobs=0)
         rid = run_id_for(model, backend, style, sha, decoding, did, cfg)
-        key_rows.append((model, backend, style, tpl, sha, temp, did, cfg, rid))
+        key_runs.append(rid)
         runs.setdefault(
             rid,
             RunRow(
@@ -414,113 +448,170 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, path: Path, labels: list[str])
                 package_version=__version__,
             ),
         )
-    key_schema = pyarrow.schema(
-        [(f.name, f.type) for f in _SCALARS if f.name in _RUN_KEY] + [("run_id", pyarrow.string())]
+    run_list = list(runs)
+    # each record's run, as a small integer: joined on the run columns that differ between keys
+    # only (a column with one value in the whole file tells no record apart)
+    varying = [i for i, _ in enumerate(_RUN_KEY) if len({k[i] for k in keys}) > 1]
+    if varying:
+        rix = [run_list.index(r) for r in key_runs]
+        runs_t = pyarrow.table(
+            {
+                **{
+                    f"k{i}": pyarrow.array([k[i] for k in keys], _SCALARS.field(_RUN_KEY[i]).type)
+                    for i in varying
+                },
+                "rix": pyarrow.array(rix, pyarrow.int32()),
+            }
+        )
+        con.register("_imp_runs", runs_t)
+        # every run column but temperature was checked non-null above: plain equality hashes
+        on = " AND ".join(
+            f"k.k{i} {'IS NOT DISTINCT FROM' if _RUN_KEY[i] == 'temperature' else '='} i.{_RUN_KEY[i]}"
+            for i in varying
+        )
+        run_join, rix_col = f"JOIN _imp_runs k ON {on}", "k.rix"
+    else:
+        run_join, rix_col = "", "0"
+    # the labels this file names (scored or given as parsed_label), one bit each: every stored
+    # item of the file's datasets gets the bits of its options and of its abstain options
+    named = list(labels)
+    named += [
+        r[0]
+        for r in con.execute(
+            "SELECT DISTINCT parsed_label FROM _imp WHERE parsed_label IS NOT NULL"
+        ).fetchall()
+        if r[0] not in labels
+    ]
+    if len(named) > 63:
+        return None  # more labels than bits: the record-by-record path judges such a file
+    con.register(
+        "_imp_labels",
+        pyarrow.table(
+            {"label": pyarrow.array(named, pyarrow.string()), "bit": [1 << b for b in range(len(named))]}
+        ),
     )
-    order = [*(f.name for f in _SCALARS if f.name in _RUN_KEY), "run_id"]
-    by_name = dict(
-        zip(
-            [*_RUN_KEY, "run_id"],
-            [list(c) for c in zip(*key_rows, strict=True)],
-            strict=True,
+    bit_of = {lab: 1 << b for b, lab in enumerate(named)}
+    pbit = " ".join(f"WHEN {_sql_str(k)} THEN {v}" for k, v in bit_of.items())
+    pbit = f"CASE i.parsed_label {pbit} END" if bit_of else "NULL::BIGINT"
+    keep = ", ".join(
+        f"i.{c}"
+        for c in (
+            "rn",
+            "item_id",
+            "sample_index",
+            "raw_output",
+            "parsed_label",
+            "tl",
+            "n_output_tokens",
+            "latency_ms",
+            *lp,
         )
     )
-    keyt = pyarrow.table({k: by_name[k] for k in order}, schema=key_schema)
-    con.register("_imp_keys", keyt)
-    try:
-        con.execute(
-            """CREATE OR REPLACE TEMP TABLE _imp_rows AS
-               SELECT i.rn, k.run_id, i.item_id, i.sample_index, i.raw_output, i.parsed_label, i.dataset_id,
-                      i.config, i.tl, i.n_output_tokens, i.latency_ms
-               FROM _imp i JOIN _imp_keys k
-                 ON k.model = i.model AND k.backend = i.backend AND k.prompt_style = i.prompt_style
-                AND k.prompt_template_id = i.prompt_template_id AND k.prompt_sha256 = i.prompt_sha256
-                AND k.temperature IS NOT DISTINCT FROM i.temperature AND k.dataset_id = i.dataset_id
-                AND k.config = i.config"""
-        )
-    finally:
-        con.unregister("_imp_keys")
-    dups = con.execute(
-        "SELECT count(*) FROM (SELECT 1 FROM _imp_rows GROUP BY run_id, item_id, sample_index "
-        "HAVING count(*) > 1)"
-    ).fetchone()[0]
-    if dups:
+    # the bits of each stored item's options (and of its abstain options) among the named labels,
+    # for the items of the file's datasets; a record whose item is not there gets NULL
+    con.execute(
+        """CREATE OR REPLACE TEMP TABLE _imp_opt AS
+           SELECT o.dataset_id, o.config, o.item_id, coalesce(bit_or(l.bit), 0) AS has,
+                  coalesce(bit_or(l.bit) FILTER (WHERE o.role = 'abstain'), 0) AS abstain
+           FROM options o LEFT JOIN _imp_labels l ON l.label = o.label
+           WHERE (o.dataset_id, o.config) IN (SELECT DISTINCT dataset_id, config FROM _imp_keys)
+           GROUP BY ALL"""
+    )
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE _imp_rows AS
+            SELECT {keep}, {rix_col} AS rix, o.has, o.abstain, {pbit} AS pbit
+            FROM _imp i {run_join}
+            LEFT JOIN _imp_opt o
+              ON o.dataset_id = i.dataset_id AND o.config = i.config AND o.item_id = i.item_id"""
+    )
+    # every record's item is stored (has options), its parsed label and scored labels are options
+    # of it, and no (run, item, sample) repeats
+    label_ok = " AND ".join(
+        [
+            "has IS NOT NULL",
+            "(parsed_label IS NULL OR (has & pbit) <> 0)",
+            *(f"({c} IS NULL OR (has & {bit_of[lab]}) <> 0)" for c, lab in zip(lp, labels, strict=True)),
+        ]
+    )
+    bad, dups = con.execute(
+        f"""SELECT count(*) FILTER (WHERE NOT ({label_ok})),
+                   count(*) - count(DISTINCT (rix, item_id, sample_index))
+            FROM _imp_rows"""
+    ).fetchall()[0]
+    if bad or dups:
         return None
-    rows = con.execute(
-        """SELECT r.run_id, r.item_id, r.sample_index, r.raw_output, r.parsed_label, r.n_output_tokens,
-                  r.latency_ms, r.tl, o.role, r.dataset_id, r.config
-           FROM _imp_rows r
-           LEFT JOIN options o ON o.dataset_id = r.dataset_id AND o.config = r.config
-                AND o.item_id = r.item_id AND o.label = r.parsed_label"""
-    ).to_arrow_table()
-    n = rows.num_rows
-    parsed = rows["parsed_label"].to_pylist()
-    roles = rows["role"].to_pylist()
-    label_col, method_col, outcome_col = [], [], []
-    options: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
-    need_parse = any(v is None for v in parsed)
-    raw = rows["raw_output"].to_pylist() if need_parse else None
-    items = rows["item_id"].to_pylist() if need_parse else None
-    dids = rows["dataset_id"].to_pylist() if need_parse else None
-    cfgs = rows["config"].to_pylist() if need_parse else None
-    for i in range(n):
-        if parsed[i] is not None:
-            label_col.append(parsed[i])
-            method_col.append("imported")
-            outcome_col.append("abstained" if roles[i] == "abstain" else "answered")
-            continue
-        key = (dids[i], cfgs[i])
-        if key not in options:
-            options[key] = _item_options(con, *key)
-        labs = options[key][items[i]]
-        got = parse_answer(raw[i], tuple(labs))
-        label, method = got.label, got.method
-        label_col.append(label)
-        method_col.append(method)
-        if label is None:
-            outcome_col.append("abstained" if method == "refusal" else "unparsed")
-        else:
-            outcome_col.append("abstained" if labs[label] == "abstain" else "answered")
-    tl = rows["tl"].to_pylist() if rows["tl"].null_count < n else [None] * n
-    tsum = [sum(t) if t else None for t in tl]
-    tmean = [sum(t) / len(t) if t else None for t in tl]
-    tmin = [min(t) if t else None for t in tl]
-    ntok = rows["n_output_tokens"].to_pylist()
-    ntok = [v if v is not None else (len(t) if t else None) for v, t in zip(ntok, tl, strict=True)]
-    pred_table = pyarrow.table(
-        {
-            "run_id": rows["run_id"],
-            "item_id": rows["item_id"],
-            "sample_index": rows["sample_index"].cast(pyarrow.int64()),
-            "raw_output": rows["raw_output"],
-            "parsed_label": pyarrow.array(label_col, pyarrow.string()),
-            "parse_method": pyarrow.array(method_col, pyarrow.string()),
-            "outcome": pyarrow.array(outcome_col, pyarrow.string()),
-            "token_logprob_sum": pyarrow.array(tsum, pyarrow.float64()),
-            "token_logprob_mean": pyarrow.array(tmean, pyarrow.float64()),
-            "token_logprob_min": pyarrow.array(tmin, pyarrow.float64()),
-            "n_output_tokens": pyarrow.array(ntok, pyarrow.int64()),
-            "latency_ms": rows["latency_ms"],
-            "error": pyarrow.nulls(n, pyarrow.string()),
-        }
-    ).cast(arrow_schema(PredictionRow))
-    score_table = (
-        con.execute(
-            """SELECT r.run_id, s.item_id, r.sample_index, s.label, s.logprob
-           FROM _imp_scores s JOIN _imp_rows r USING (rn)"""
+    # records without a parsed_label: Equipoise's own parser, one by one (it is Python), given
+    # the item's labels in stored order as the record-by-record path gives them
+    todo = con.execute(
+        "SELECT rn, raw_output, dataset_id, config, item_id FROM _imp WHERE parsed_label IS NULL ORDER BY rn"
+    ).fetchall()
+    if todo:
+        options: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
+        out: dict[str, list] = {"rn": [], "label": [], "method": [], "outcome": []}
+        for rn, raw, did, cfg, item in todo:
+            if (did, cfg) not in options:
+                options[did, cfg] = _item_options(con, did, cfg)
+            labs = options[did, cfg][item]
+            got = parse_answer(raw, tuple(labs))
+            out["rn"].append(rn)
+            out["label"].append(got.label)
+            out["method"].append(got.method)
+            if got.label is None:
+                out["outcome"].append("abstained" if got.method == "refusal" else "unparsed")
+            else:
+                out["outcome"].append("abstained" if labs[got.label] == "abstain" else "answered")
+        con.register(
+            "_imp_parsed",
+            pyarrow.table(
+                {
+                    "rn": pyarrow.array(out["rn"], pyarrow.int64()),
+                    **{k: pyarrow.array(out[k], pyarrow.string()) for k in ("label", "method", "outcome")},
+                }
+            ),
         )
-        .to_arrow_table()
-        .cast(arrow_schema(OptionScoreRow))
-    )
-    before = con.execute("SELECT count(*) FROM predictions").fetchall()[0][0]
-    insert_batch(
-        con,
-        [(RunRow, list(runs.values()))],
-        tables=[("predictions", pred_table), ("option_scores", score_table)],
-        unique=True,  # repeated (run, item, sample) keys were refused above; labels are struct fields
-    )
-    after = con.execute("SELECT count(*) FROM predictions").fetchall()[0][0]
-    return ImportSummary(rows=n, added=int(after - before), runs=sorted(runs))
+        parsed_join = "LEFT JOIN _imp_parsed q USING (rn)"
+    else:  # every record gave its label
+        parsed_join = (
+            "LEFT JOIN (SELECT NULL::BIGINT, NULL, NULL, NULL) q(rn, label, method, outcome) USING (rn)"
+        )
+    run_ids = pyarrow.table({"rix": pyarrow.array(range(len(run_list)), pyarrow.int32()), "run_id": run_list})
+    con.register("_imp_run_ids", run_ids)
+    try:
+        pred_cols = list(PredictionRow.model_fields)
+        pred_sql = f"""
+            SELECT n.run_id, r.item_id, r.sample_index::INTEGER AS sample_index, r.raw_output,
+                   coalesce(r.parsed_label, q.label) AS parsed_label,
+                   CASE WHEN r.parsed_label IS NULL THEN q.method ELSE 'imported' END AS parse_method,
+                   CASE WHEN r.parsed_label IS NULL THEN q.outcome
+                        WHEN (r.abstain & r.pbit) <> 0 THEN 'abstained' ELSE 'answered' END AS outcome,
+                   list_sum(r.tl) AS token_logprob_sum, list_avg(r.tl) AS token_logprob_mean,
+                   list_min(r.tl) AS token_logprob_min,
+                   coalesce(r.n_output_tokens, nullif(len(r.tl), 0))::INTEGER AS n_output_tokens,
+                   r.latency_ms, NULL::VARCHAR AS error
+            FROM _imp_rows r JOIN _imp_run_ids n USING (rix)
+            {parsed_join}"""
+        selects = [("predictions", pred_cols, pred_sql)]
+        if labels:
+            score_sql = " UNION ALL ".join(
+                f"SELECT n.run_id, r.item_id, r.sample_index::INTEGER AS sample_index, "
+                f"{_sql_str(lab)} AS label, r.{c} AS logprob "
+                f"FROM _imp_rows r JOIN _imp_run_ids n USING (rix) WHERE r.{c} IS NOT NULL"
+                for lab, c in zip(labels, lp, strict=True)
+            )
+            selects.append(("option_scores", list(OptionScoreRow.model_fields), score_sql))
+        before = _one(con, "SELECT count(*) FROM predictions")
+        insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list)
+        after = _one(con, "SELECT count(*) FROM predictions")
+    finally:
+        con.unregister("_imp_run_ids")
+    n = _one(con, "SELECT count(*) FROM _imp_rows")
+    return ImportSummary(rows=int(n), added=int(after - before), runs=sorted(runs))
+
+
+def _one(con: duckdb.DuckDBPyConnection, query: str) -> object:
+    """The single value of ``query`` (fetched whole: DuckDB refuses new work while a result is
+    partly unread)."""
+    return con.execute(query).fetchall()[0][0]
 
 
 def _sql_str(text: str) -> str:
@@ -647,8 +738,10 @@ def import_predictions(con: duckdb.DuckDBPyConnection, path: Path, fast: bool = 
             ("parsed_label", label),
             ("parse_method", method),
             ("outcome", outcome),
-            ("token_logprob_sum", sum(tl) if tl else None),
-            ("token_logprob_mean", sum(tl) / len(tl) if tl else None),
+            # left to right, as DuckDB's list_sum adds on the columnar path (Python 3.12's sum()
+            # compensates, which would make the two paths differ in the last bit)
+            ("token_logprob_sum", reduce(operator.add, tl) if tl else None),
+            ("token_logprob_mean", reduce(operator.add, tl) / len(tl) if tl else None),
             ("token_logprob_min", min(tl) if tl else None),
             ("n_output_tokens", p.n_output_tokens if p.n_output_tokens is not None else (len(tl) or None)),
             ("latency_ms", p.latency_ms),

@@ -480,10 +480,19 @@ def insert_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> 
     return int(scalar(con, f"SELECT count(*) FROM {name}") - before)
 
 
-def _append_sql(name: str, columns: Sequence[str], source: str, unique: bool = False) -> str:
+def _append_sql(
+    name: str,
+    columns: Sequence[str],
+    source: str,
+    unique: bool = False,
+    run_ids: Sequence[str] | None = None,
+) -> str:
     """The idempotent insert of ``source`` into table ``name``: INSERT OR IGNORE where the table
     has a primary key; for a hot table (:data:`HOT_KEYS`) the rows whose key is not stored yet,
-    the first of any key repeated within the batch (``unique``: the caller checked there is none)."""
+    the first of any key repeated within the batch (``unique``: the caller checked there is none).
+    ``run_ids`` (with ``unique``): the caller already knows every run id ``source`` holds, so the
+    stored rows to compare against are picked by that list instead of a second pass over
+    ``source`` (which may be a query, not a table)."""
     cols = ", ".join(columns)
     key = HOT_KEYS.get(name)
     if key is None:
@@ -491,12 +500,17 @@ def _append_sql(name: str, columns: Sequence[str], source: str, unique: bool = F
     keys = ", ".join(key)
     on = " AND ".join(f"t.{k} = s.{k}" for k in key)
     if unique:
+        among = (
+            ", ".join("'" + r.replace("'", "''") + "'" for r in run_ids)
+            if run_ids
+            else f"SELECT DISTINCT run_id FROM {source}"
+        )
         return f"""
         INSERT INTO {name} ({cols})
         SELECT {cols} FROM {source} s
         WHERE NOT EXISTS (
             SELECT 1 FROM {name} t
-            WHERE {on} AND t.run_id IN (SELECT DISTINCT run_id FROM {source})
+            WHERE {on} AND t.run_id IN ({among})
         )
     """
     return f"""
@@ -542,6 +556,35 @@ def insert_batch(
             con.register(view, table)
             con.execute(_append_sql(name, table.column_names, view, unique=unique and i >= n_models))
             con.unregister(view)
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+
+
+def insert_selects(
+    con: duckdb.DuckDBPyConnection,
+    batches: list[tuple[type[BaseModel], Sequence[BaseModel]]],
+    selects: list[tuple[str, Sequence[str], str]],
+    run_ids: Sequence[str],
+) -> None:
+    """Like :func:`insert_batch`, for bulk rows that DuckDB computes itself: each ``(table,
+    columns, query)`` inserts the rows of ``query`` (SQL whose result has ``columns``) that are not
+    stored yet, all in ONE transaction with ``batches``. The caller vouches that no key repeats
+    within a query and that ``run_ids`` are all the runs the queries write (the importer checks
+    both), so the rows never leave DuckDB: no Arrow copy out and back in."""
+    if any(n not in HOT_KEYS for n, _, _ in selects):
+        raise ValueError("insert_selects writes the hot tables only (predictions, option_scores)")
+    todo = [(_TABLES[m], to_table(m, list(rows))) for m, rows in batches if rows]
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for i, (name, table) in enumerate(todo):
+            view = f"_incoming_{i}"
+            con.register(view, table)
+            con.execute(_append_sql(name, table.column_names, view))
+            con.unregister(view)
+        for name, columns, query in selects:
+            con.execute(_append_sql(name, columns, f"({query})", unique=True, run_ids=run_ids))
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
