@@ -159,14 +159,25 @@ def _by(by: Sequence[str]) -> str:
     return "".join(f"{c}, " for c in by)
 
 
-def scores_sql(by: Sequence[str], params: dict | None = None) -> str:
-    """The rendered unc_scores query (also the inner query of the other uncertainty metrics)."""
+def _order_by_key(by: Sequence[str]) -> str:
+    """ORDER BY for per-item rows that start with the strata, run_id and item_id.
+
+    (run_id, item_id) is unique, so these leading columns give the same order as ORDER BY ALL while
+    the sort compares two or three keys instead of every one of some thirty columns.
+    """
+    n = len([b for b in by if b != "run_id"]) + 2
+    return "ORDER BY " + ", ".join(str(i) for i in range(1, n + 1))
+
+
+def scores_sql(by: Sequence[str], params: dict | None = None, ordered: bool = True) -> str:
+    """The rendered unc_scores query (also the inner query of the other uncertainty metrics, which
+    pass ``ordered=False``: an aggregate over the scores gains nothing from sorting them first)."""
     params = {**REGISTRY["unc_scores"].params, **(params or {})}
     pool = params["pool"]
     if pool not in _POOLS:
         raise ValueError(f"pool must be one of {sorted(_POOLS)}, got {pool!r}")
     by = _check_by(by)
-    return render_sql(
+    sql = render_sql(
         REGISTRY["unc_scores"],
         by,
         {
@@ -176,9 +187,12 @@ def scores_sql(by: Sequence[str], params: dict | None = None) -> str:
             "hedge_re": _lit(HEDGE_RE),
         },
     )
+    return sql + _order_by_key(by) + "\n" if ordered else sql
 
 
-def _scores_source(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
+def _scores_source(
+    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict, ordered: bool = False
+) -> str:
     """The unc_scores query for ``by``: computed inline, or read from a per-connection cache.
 
     Five metrics start from the same per-item scores, which cost more than anything done after
@@ -186,12 +200,13 @@ def _scores_source(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: di
     ``registry.prepare``) the scores are computed once per pool with every stratum into a TEMP
     table, and each metric selects its own strata from it in the same column order, so results are
     identical to the inline query. With plain views (a connection that may also write) nothing is
-    cached: the scores must follow the store.
+    cached: the scores must follow the store. Sorted only when ``ordered`` (the published
+    unc_scores rows); the other metrics aggregate or sort their own output.
     """
     params = {**REGISTRY["unc_scores"].params, **(params or {})}
     by = _check_by(by)
     if not _materialized(con):
-        return scores_sql(by, params)
+        return scores_sql(by, params, ordered)
     pool = str(params["pool"])
     scores_sql([], params)  # validates the pool before its name is used
     table = f"_unc_scores_cache_{pool}"
@@ -200,10 +215,11 @@ def _scores_source(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: di
         table = f"main.facts_unc_scores_{pool}"  # computed by facts.refresh with the same query
     elif table not in temp_tables(con):
         # the key is validated by scores_sql before the name is used
-        con.execute(f"CREATE TEMP TABLE {table} AS {scores_sql(all_by, params)}")
+        con.execute(f"CREATE TEMP TABLE {table} AS {scores_sql(all_by, params, ordered=False)}")
     cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
     fixed = cols[len([b for b in all_by if b != "run_id"]) :]
-    return f"SELECT {_strata(by)}{', '.join(fixed)} FROM {table} ORDER BY ALL"
+    order = " " + _order_by_key(by) if ordered else ""
+    return f"SELECT {_strata(by)}{', '.join(fixed)} FROM {table}{order}"
 
 
 def _wrapped(con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str], params: dict, **extra: str) -> str:
@@ -225,16 +241,33 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
     q = float(params["upper_quantile"])
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"upper_quantile must lie in [0, 1], got {q}")
+    held = "FILTER (WHERE in_holdout)"
+    bound_aggregates = ", ".join(
+        f"count({c}) {held} AS n__{c}, min({c}) {held} AS lo__{c}, "
+        f"quantile_cont({c}, {q!r}) {held} AS hi__{c}"
+        for c in cols
+    )
+    if by:
+        on = " AND ".join(f"wide.{c} IS NOT DISTINCT FROM bounds.{c}" for c in by)
+        bounds_join = f"JOIN bounds ON {on}"
+        bound_columns = f"bounds.* EXCLUDE ({', '.join(by)})"
+    else:
+        bounds_join, bound_columns = "CROSS JOIN bounds", "bounds.*"
     return _wrapped(
         con,
         "unc_normalized",
         by,
         params,
         split_key=_split_key(params),
-        **_score_columns_sql(cols),
+        score_casts=_score_columns_sql(cols)["score_casts"],
         holdout_fraction=repr(_fraction(params, "holdout_fraction")),
-        upper_quantile=repr(q),
+        bound_aggregates=bound_aggregates,
+        bounds_join=bounds_join,
+        bound_columns=bound_columns,
         keep="true" if params["include_holdout"] else "NOT in_holdout",
+        unpivot_in=_unpivot_in(cols, ("", "n", "lo", "hi")),
+        # (run_id, item_id, score) is unique: the same order as ORDER BY ALL on fewer keys
+        order_by="ORDER BY " + ", ".join(str(i) for i in range(1, len([b for b in by if b != "run_id"]) + 4)),
     )
 
 
@@ -246,14 +279,52 @@ def _score_columns_sql(cols: Sequence[str]) -> dict[str, str]:
     }
 
 
+def _group_ids(by: Sequence[str]) -> dict[str, str]:
+    """Two CTE bodies that number a metric's groups: ``groups`` (the distinct values of the grouping
+    columns with an integer ``_gid``) and ``keyed`` (every per-item row of ``sc`` with its ``_gid``,
+    whether it is incorrect, and its scores). Sorting or hashing on one integer is several times
+    cheaper than on the groups' strings; NULL group values match, as GROUP BY treats them."""
+    if not by:
+        return {
+            "groups": "groups AS (SELECT 0 AS _gid)",
+            "keyed": "SELECT 0 AS _gid, NOT correct AS _incorrect, * FROM sc",
+        }
+    cols = ", ".join(by)
+    on = " AND ".join(f"sc.{c} IS NOT DISTINCT FROM gr.{c}" for c in by)
+    return {
+        "groups": f"groups AS (SELECT {cols}, (row_number() OVER () - 1)::BIGINT AS _gid "
+        f"FROM (SELECT DISTINCT {cols} FROM sc))",
+        "keyed": f"SELECT gr._gid, NOT sc.correct AS _incorrect, sc.* FROM sc JOIN groups gr ON {on}",
+    }
+
+
 def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
-    return _wrapped(con, "unc_auroc", by, params, **_score_columns_sql(cols))
+    return _wrapped(
+        con,
+        "unc_auroc",
+        by,
+        params,
+        n_scores=str(len(cols)),
+        score_casts=", ".join(f"CAST({c} AS DOUBLE)" for c in cols),
+        score_names=", ".join(_lit(c) for c in cols),
+        **_group_ids(by),
+    )
+
+
+def _unpivot_in(cols: Sequence[str], prefixes: Sequence[str]) -> str:
+    """The IN list of a multi-column UNPIVOT of wide per-score columns named ``<prefix>__<score>``
+    (the score's own column for an empty prefix): ``(n__a, m__a) AS a, (n__b, m__b) AS b`` for
+    prefixes (n, m)."""
+    return ", ".join("(" + ", ".join(f"{p}__{c}" if p else c for p in prefixes) + f") AS {c}" for c in cols)
 
 
 def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", SCORE_COLUMNS)
-    return _wrapped(con, "unc_summary", by, params, **_score_columns_sql(cols))
+    aggregates = ", ".join(f"count({c}) AS n__{c}, avg(CAST({c} AS DOUBLE)) AS m__{c}" for c in cols)
+    return _wrapped(
+        con, "unc_summary", by, params, aggregates=aggregates, unpivot_in=_unpivot_in(cols, ("n", "m"))
+    )
 
 
 def combiner_features(
@@ -418,7 +489,7 @@ register(
         needs=("predictions", "option_scores"),
         default_by=("model",),
         params={"pool": "item"},
-        sql_fn=_scores_source,
+        sql_fn=lambda con, by, params: _scores_source(con, by, params, ordered=True),
     )
 )
 register(
