@@ -468,10 +468,11 @@ def combiner_predictions(
     keep = list(dict.fromkeys([*by, "run_id", "item_id", "incorrect", "is_train"]))
     cols = [*keep, "combiner", "u"]
     parts = []
+    bounds = np.searchsorted(gid, np.arange(len(fits) + 1))  # rows are sorted by group
     for k in range(len(fits)):  # per group, the three combiners in turn (the long layout)
-        rows = gid == k
+        rows = slice(bounds[k], bounds[k + 1])
         for name in COMBINERS:
-            p = g_df.loc[rows, keep].copy()
+            p = g_df.iloc[rows][keep].copy()
             p["combiner"] = name
             p["u"] = preds[name][rows]
             parts.append(p)
