@@ -27,7 +27,7 @@ from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.metrics import roc_auc_score
 
 from equipoise.evaluators.metrics import compute
-from equipoise.evaluators.metrics.registry import STRATA
+from equipoise.evaluators.metrics.registry import STRATA, prepare
 from equipoise.evaluators.metrics.uncertainty import (
     SCORE_COLUMNS,
     UNCERTAINTY_COLUMNS,
@@ -784,3 +784,35 @@ def test_score_auroc_single_class_is_null(crafted):
         assert pd.isna(row.auroc)
     else:
         assert 0.0 <= row.auroc <= 1.0
+
+
+def test_group_with_null_stratum_matches_sklearn(store):
+    """Grouping by a stratum that is NULL for some items (framing): the NULL group is one group,
+    as pandas' groupby(dropna=False) makes it, for the count-based AUROC, the normalisation
+    bounds and the combiner fits (the metrics number groups internally and join them back)."""
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con)
+        framing = con.execute("SELECT run_id, item_id, framing FROM scored WHERE sample_index = 0").df()
+        auc = compute(con, "unc_auroc", ["framing"], {"scores": ["avg_nll", "n_wait"]})
+        norm = compute(con, "unc_normalized", ["framing"], {"scores": ["avg_nll"], "include_holdout": True})
+        comb = compute(con, "unc_combiners", ["framing"])
+    finally:
+        con.close()
+    ref = reference_scores(store).merge(framing, on=["run_id", "item_id"])
+    assert ref.framing.isna().any() and ref.framing.notna().any()
+    assert auc.framing.isna().sum() == 2 and len(auc) == 2 * ref.framing.nunique(dropna=False)
+    for (fr, score), row in auc.set_index(["framing", "score"], drop=False).iterrows():
+        g = ref[ref.framing.isna()] if pd.isna(fr) else ref[ref.framing == fr]
+        u = pd.to_numeric(g[score], errors="coerce").to_numpy(dtype=float)
+        y = (~g.correct.astype(bool)).to_numpy()
+        ok = ~np.isnan(u)
+        assert row.n_items == len(g) and row.n == ok.sum()
+        assert row.auroc == pytest.approx(roc_auc_score(y[ok], u[ok]), abs=1e-12), (fr, score)
+    for fr, g in norm.groupby("framing", dropna=False):
+        r = ref[ref.framing.isna()] if pd.isna(fr) else ref[ref.framing == fr]
+        held = np.array([_u(i) < 0.3 for i in r.item_id]) & r.avg_nll.notna().to_numpy()
+        assert len(g) == len(r) and (g.n_holdout == held.sum()).all()
+        assert g.lower.iloc[0] == pytest.approx(r.avg_nll[held].min(), abs=TOL)
+    assert len(comb) == 2 and comb.framing.isna().sum() == 1
+    assert comb.n_rows.sum() == len(ref)

@@ -159,14 +159,25 @@ def _by(by: Sequence[str]) -> str:
     return "".join(f"{c}, " for c in by)
 
 
-def scores_sql(by: Sequence[str], params: dict | None = None) -> str:
-    """The rendered unc_scores query (also the inner query of the other uncertainty metrics)."""
+def _order_by_key(by: Sequence[str]) -> str:
+    """ORDER BY for per-item rows that start with the strata, run_id and item_id.
+
+    (run_id, item_id) is unique, so these leading columns give the same order as ORDER BY ALL while
+    the sort compares two or three keys instead of every one of some thirty columns.
+    """
+    n = len([b for b in by if b != "run_id"]) + 2
+    return "ORDER BY " + ", ".join(str(i) for i in range(1, n + 1))
+
+
+def scores_sql(by: Sequence[str], params: dict | None = None, ordered: bool = True) -> str:
+    """The rendered unc_scores query (also the inner query of the other uncertainty metrics, which
+    pass ``ordered=False``: an aggregate over the scores gains nothing from sorting them first)."""
     params = {**REGISTRY["unc_scores"].params, **(params or {})}
     pool = params["pool"]
     if pool not in _POOLS:
         raise ValueError(f"pool must be one of {sorted(_POOLS)}, got {pool!r}")
     by = _check_by(by)
-    return render_sql(
+    sql = render_sql(
         REGISTRY["unc_scores"],
         by,
         {
@@ -176,9 +187,12 @@ def scores_sql(by: Sequence[str], params: dict | None = None) -> str:
             "hedge_re": _lit(HEDGE_RE),
         },
     )
+    return sql + _order_by_key(by) + "\n" if ordered else sql
 
 
-def _scores_source(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
+def _scores_source(
+    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict, ordered: bool = False
+) -> str:
     """The unc_scores query for ``by``: computed inline, or read from a per-connection cache.
 
     Five metrics start from the same per-item scores, which cost more than anything done after
@@ -186,12 +200,13 @@ def _scores_source(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: di
     ``registry.prepare``) the scores are computed once per pool with every stratum into a TEMP
     table, and each metric selects its own strata from it in the same column order, so results are
     identical to the inline query. With plain views (a connection that may also write) nothing is
-    cached: the scores must follow the store.
+    cached: the scores must follow the store. Sorted only when ``ordered`` (the published
+    unc_scores rows); the other metrics aggregate or sort their own output.
     """
     params = {**REGISTRY["unc_scores"].params, **(params or {})}
     by = _check_by(by)
     if not _materialized(con):
-        return scores_sql(by, params)
+        return scores_sql(by, params, ordered)
     pool = str(params["pool"])
     scores_sql([], params)  # validates the pool before its name is used
     table = f"_unc_scores_cache_{pool}"
@@ -200,10 +215,11 @@ def _scores_source(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: di
         table = f"main.facts_unc_scores_{pool}"  # computed by facts.refresh with the same query
     elif table not in temp_tables(con):
         # the key is validated by scores_sql before the name is used
-        con.execute(f"CREATE TEMP TABLE {table} AS {scores_sql(all_by, params)}")
+        con.execute(f"CREATE TEMP TABLE {table} AS {scores_sql(all_by, params, ordered=False)}")
     cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
     fixed = cols[len([b for b in all_by if b != "run_id"]) :]
-    return f"SELECT {_strata(by)}{', '.join(fixed)} FROM {table} ORDER BY ALL"
+    order = " " + _order_by_key(by) if ordered else ""
+    return f"SELECT {_strata(by)}{', '.join(fixed)} FROM {table}{order}"
 
 
 def _wrapped(con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str], params: dict, **extra: str) -> str:
@@ -225,16 +241,33 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
     q = float(params["upper_quantile"])
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"upper_quantile must lie in [0, 1], got {q}")
+    held = "FILTER (WHERE in_holdout)"
+    bound_aggregates = ", ".join(
+        f"count({c}) {held} AS n__{c}, min({c}) {held} AS lo__{c}, "
+        f"quantile_cont({c}, {q!r}) {held} AS hi__{c}"
+        for c in cols
+    )
+    if by:
+        on = " AND ".join(f"wide.{c} IS NOT DISTINCT FROM bounds.{c}" for c in by)
+        bounds_join = f"JOIN bounds ON {on}"
+        bound_columns = f"bounds.* EXCLUDE ({', '.join(by)})"
+    else:
+        bounds_join, bound_columns = "CROSS JOIN bounds", "bounds.*"
     return _wrapped(
         con,
         "unc_normalized",
         by,
         params,
         split_key=_split_key(params),
-        **_score_columns_sql(cols),
+        score_casts=_score_columns_sql(cols)["score_casts"],
         holdout_fraction=repr(_fraction(params, "holdout_fraction")),
-        upper_quantile=repr(q),
+        bound_aggregates=bound_aggregates,
+        bounds_join=bounds_join,
+        bound_columns=bound_columns,
         keep="true" if params["include_holdout"] else "NOT in_holdout",
+        unpivot_in=_unpivot_in(cols, ("", "n", "lo", "hi")),
+        # (run_id, item_id, score) is unique: the same order as ORDER BY ALL on fewer keys
+        order_by="ORDER BY " + ", ".join(str(i) for i in range(1, len([b for b in by if b != "run_id"]) + 4)),
     )
 
 
@@ -246,32 +279,72 @@ def _score_columns_sql(cols: Sequence[str]) -> dict[str, str]:
     }
 
 
+def _group_ids(by: Sequence[str]) -> dict[str, str]:
+    """Two CTE bodies that number a metric's groups: ``groups`` (the distinct values of the grouping
+    columns with an integer ``_gid``) and ``keyed`` (every per-item row of ``sc`` with its ``_gid``,
+    whether it is incorrect, and its scores). Sorting or hashing on one integer is several times
+    cheaper than on the groups' strings; NULL group values match, as GROUP BY treats them."""
+    if not by:
+        return {
+            "groups": "groups AS (SELECT 0 AS _gid)",
+            "keyed": "SELECT 0 AS _gid, NOT correct AS _incorrect, * FROM sc",
+        }
+    cols = ", ".join(by)
+    on = " AND ".join(f"sc.{c} IS NOT DISTINCT FROM gr.{c}" for c in by)
+    return {
+        "groups": f"groups AS (SELECT {cols}, (row_number() OVER () - 1)::BIGINT AS _gid "
+        f"FROM (SELECT DISTINCT {cols} FROM sc))",
+        "keyed": f"SELECT gr._gid, NOT sc.correct AS _incorrect, sc.* FROM sc JOIN groups gr ON {on}",
+    }
+
+
 def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
-    return _wrapped(con, "unc_auroc", by, params, **_score_columns_sql(cols))
+    return _wrapped(
+        con,
+        "unc_auroc",
+        by,
+        params,
+        n_scores=str(len(cols)),
+        score_casts=", ".join(f"CAST({c} AS DOUBLE)" for c in cols),
+        score_names=", ".join(_lit(c) for c in cols),
+        **_group_ids(by),
+    )
+
+
+def _unpivot_in(cols: Sequence[str], prefixes: Sequence[str]) -> str:
+    """The IN list of a multi-column UNPIVOT of wide per-score columns named ``<prefix>__<score>``
+    (the score's own column for an empty prefix): ``(n__a, m__a) AS a, (n__b, m__b) AS b`` for
+    prefixes (n, m)."""
+    return ", ".join("(" + ", ".join(f"{p}__{c}" if p else c for p in prefixes) + f") AS {c}" for c in cols)
 
 
 def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", SCORE_COLUMNS)
-    return _wrapped(con, "unc_summary", by, params, **_score_columns_sql(cols))
+    aggregates = ", ".join(f"count({c}) AS n__{c}, avg(CAST({c} AS DOUBLE)) AS m__{c}" for c in cols)
+    return _wrapped(
+        con, "unc_summary", by, params, aggregates=aggregates, unpivot_in=_unpivot_in(cols, ("n", "m"))
+    )
 
 
-def combiner_features(
-    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict | None = None
+def _features_with_gid(
+    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict, slim: bool = False
 ) -> pd.DataFrame:
-    """Per-item feature matrix (raw and train-scaled ``<feature>_scaled``), label and split."""
-    params = {**REGISTRY["unc_combiners"].params, **(params or {})}
-    by = _check_by(by)
+    """``combiner_features`` plus ``_gid``: the group's number, 0.. in the sorted order of its values
+    (the order of pandas ``groupby(sort=True)``, NULLs last). ``slim``: only what fitting reads (the
+    grouping columns, _gid, label, split, completeness, scaled features), sorted by _gid then
+    (run_id, item_id): no item strings cross into pandas."""
     feats = _columns(params, "features", FEATURE_COLUMNS)
     prepare(con)
-    scaled = []
-    for f in feats:
-        lo = f"min(CASE WHEN is_train THEN {f} END) OVER w"
-        hi = f"max(CASE WHEN is_train THEN {f} END) OVER w"
-        scaled.append(
-            f"CASE WHEN {hi} > {lo} THEN ({f} - {lo}) / ({hi} - {lo}) "
-            f"WHEN {f} IS NOT NULL AND {lo} IS NOT NULL THEN 0.0 END AS {f}_scaled"
-        )
+    scaled = [
+        f"CASE WHEN hi__{f} > lo__{f} THEN ({f} - lo__{f}) / (hi__{f} - lo__{f}) "
+        f"WHEN {f} IS NOT NULL AND lo__{f} IS NOT NULL THEN 0.0 END AS {f}_scaled"
+        for f in feats
+    ]
+    bounds_on = " AND ".join(
+        [*(f"base.{c} IS NOT DISTINCT FROM bounds.{c}" for c in by), "base.complete = bounds.complete"]
+    )
+    groups_on = " AND ".join(f"base.{c} IS NOT DISTINCT FROM groups.{c}" for c in by) or "true"
     sql = _wrapped(
         con,
         "unc_combiners",
@@ -281,9 +354,101 @@ def combiner_features(
         train_fraction=repr(_fraction(params, "train_fraction")),
         feature_casts=", ".join(f"CAST({f} AS DOUBLE) AS {f}" for f in feats),
         complete=" AND ".join(f"{f} IS NOT NULL" for f in feats),
-        scaled=", ".join(scaled),
+        bound_aggregates=", ".join(
+            f"min({f}) FILTER (WHERE is_train) AS lo__{f}, max({f}) FILTER (WHERE is_train) AS hi__{f}"
+            for f in feats
+        ),
+        group_order=("ORDER BY " + ", ".join(by)) if by else "",
+        bounds_on=bounds_on,
+        groups_on=groups_on,
+        select=(
+            ", ".join(
+                [
+                    *(f"base.{c}" for c in by),
+                    "groups._gid",
+                    "base.incorrect",
+                    "base.is_train",
+                    "base.complete",
+                ]
+            )
+            + ", "
+            + ", ".join(scaled)
+            if slim
+            else "base.*, " + ", ".join(scaled) + ", groups._gid"
+        ),
+        order_by="groups._gid, base.run_id, base.item_id"
+        if slim
+        else ", ".join([*(f"base.{c}" for c in by if c != "run_id"), "base.run_id", "base.item_id"]),
     )
     return con.execute(sql).df()
+
+
+def combiner_features(
+    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict | None = None
+) -> pd.DataFrame:
+    """Per-item feature matrix (raw and train-scaled ``<feature>_scaled``), label and split."""
+    params = {**REGISTRY["unc_combiners"].params, **(params or {})}
+    return _features_with_gid(con, _check_by(by), params).drop(columns="_gid")
+
+
+def _fit_combiners(
+    con: duckdb.DuckDBPyConnection, by: list[str], params: dict, slim: bool = False
+) -> tuple[pd.DataFrame, np.ndarray, dict[str, np.ndarray], list[dict[str, object]]]:
+    """Fit the combiners per group; returns (the complete rows, sorted by group then run_id and
+    item_id; their group numbers; each combiner's prediction per row; one fit summary per group,
+    in group order, with its ``_gid``). Groups are split by their integer number, not by pandas
+    grouping on the strata strings. ``slim`` rows carry no run_id / item_id (see
+    ``_features_with_gid``)."""
+    from sklearn.linear_model import LogisticRegression, Ridge
+
+    feats = _columns(params, "features", FEATURE_COLUMNS)
+    xcols = [f"{f}_scaled" for f in feats]
+    df = _features_with_gid(con, by, params, slim)
+    gid_all = df["_gid"].to_numpy(dtype=np.int64)
+    complete = df["complete"].to_numpy(dtype=bool)
+    # group totals over every row (complete or not); the rows within a group stay in SQL order
+    n_groups = int(gid_all.max()) + 1 if len(df) else 0
+    n_rows = np.bincount(gid_all, minlength=n_groups)
+    n_missing = np.bincount(gid_all[~complete], minlength=n_groups)
+    first = np.full(n_groups, -1)
+    first[gid_all[::-1]] = np.arange(len(df))[::-1]  # first row of each group (its key values)
+    g_df = df[complete]
+    g_df = g_df.iloc[np.argsort(g_df["_gid"].to_numpy(dtype=np.int64), kind="stable")].reset_index(drop=True)
+    gid = g_df["_gid"].to_numpy(dtype=np.int64)
+    x = g_df[xcols].to_numpy(dtype=float)
+    y = g_df["incorrect"].to_numpy(dtype=bool).astype(int)
+    train = g_df["is_train"].to_numpy(dtype=bool)
+    bounds = np.searchsorted(gid, np.arange(n_groups + 1))
+    preds = {
+        "linear_sum": x.sum(axis=1),
+        "logistic": np.full(len(g_df), np.nan),
+        "ridge": np.full(len(g_df), np.nan),
+    }
+    keys = df[by].to_numpy(dtype=object) if by else np.empty((len(df), 0), dtype=object)
+    fits: list[dict[str, object]] = []
+    for k in range(n_groups):
+        sl = slice(bounds[k], bounds[k + 1])
+        xg, yg, tr = x[sl], y[sl], train[sl]
+        y_tr = yg[tr]
+        fit: dict[str, object] = dict(zip(by, keys[first[k]], strict=True))
+        fit.update(n_rows=int(n_rows[k]), n_missing_features=int(n_missing[k]))
+        fit.update(n_train=int(tr.sum()), n_train_incorrect=int(y_tr.sum()))
+        fit.update(n_test=int((~tr).sum()), n_test_incorrect=int(yg.sum() - y_tr.sum()))
+        if len(y_tr) and 0 < y_tr.sum() < len(y_tr):
+            lr = LogisticRegression(C=float(params["C"]), max_iter=1000)
+            lr.fit(xg[tr], y_tr)
+            preds["logistic"][sl] = lr.predict_proba(xg)[:, 1]
+            fit.update({f"logistic_{f}": float(c) for f, c in zip(feats, lr.coef_[0], strict=True)})
+            fit["logistic_bias"] = float(lr.intercept_[0])
+        if len(y_tr):
+            rg = Ridge(alpha=float(params["alpha"]))
+            rg.fit(xg[tr], y_tr.astype(float))
+            preds["ridge"][sl] = rg.predict(xg)
+            fit.update({f"ridge_{f}": float(c) for f, c in zip(feats, rg.coef_, strict=True)})
+            fit["ridge_bias"] = float(rg.intercept_)
+        fit["_gid"] = k
+        fits.append(fit)
+    return g_df, gid, preds, fits
 
 
 def combiner_predictions(
@@ -297,66 +462,54 @@ def combiner_predictions(
     incorrect label (seed 002's Calibration Regression fits correctness and uses 1 - f(x); with an
     intercept the two are the same function). Both read the train-scaled features.
     """
-    from sklearn.linear_model import LogisticRegression, Ridge
-
     params = {**REGISTRY["unc_combiners"].params, **(params or {})}
     by = _check_by(by)
-    feats = _columns(params, "features", FEATURE_COLUMNS)
-    xcols = [f"{f}_scaled" for f in feats]
-    df = combiner_features(con, by, params)
-    preds, fits = [], []
-    groups = df.groupby(list(by), dropna=False, sort=True) if by else [((), df)]
-    for key, grp in groups:
-        key = key if isinstance(key, tuple) else (key,)
-        g = grp[grp["complete"]].sort_values(["run_id", "item_id"])
-        tr = g[g["is_train"]]
-        x_all = g[xcols].to_numpy(dtype=float)
-        y_tr = tr["incorrect"].to_numpy(dtype=int)
-        fit: dict[str, object] = dict(zip(by, key, strict=True))
-        fit.update(n_rows=len(grp), n_missing_features=int((~grp["complete"]).sum()))
-        fit.update(n_train=len(tr), n_train_incorrect=int(y_tr.sum()))
-        fit.update(n_test=len(g) - len(tr), n_test_incorrect=int(g["incorrect"].sum() - y_tr.sum()))
-        out = {"linear_sum": x_all.sum(axis=1)}
-        out["logistic"] = out["ridge"] = np.full(len(g), np.nan)
-        if len(tr) and 0 < y_tr.sum() < len(tr):
-            lr = LogisticRegression(C=float(params["C"]), max_iter=1000)
-            lr.fit(tr[xcols].to_numpy(dtype=float), y_tr)
-            out["logistic"] = lr.predict_proba(x_all)[:, 1] if len(g) else np.array([])
-            fit.update({f"logistic_{f}": float(c) for f, c in zip(feats, lr.coef_[0], strict=True)})
-            fit["logistic_bias"] = float(lr.intercept_[0])
-        if len(tr):
-            rg = Ridge(alpha=float(params["alpha"]))
-            rg.fit(tr[xcols].to_numpy(dtype=float), y_tr.astype(float))
-            out["ridge"] = rg.predict(x_all)
-            fit.update({f"ridge_{f}": float(c) for f, c in zip(feats, rg.coef_, strict=True)})
-            fit["ridge_bias"] = float(rg.intercept_)
-        fits.append(fit)
-        keep = list(dict.fromkeys([*by, "run_id", "item_id", "incorrect", "is_train"]))
+    g_df, gid, preds, fits = _fit_combiners(con, by, params)
+    keep = list(dict.fromkeys([*by, "run_id", "item_id", "incorrect", "is_train"]))
+    cols = [*keep, "combiner", "u"]
+    parts = []
+    bounds = np.searchsorted(gid, np.arange(len(fits) + 1))  # rows are sorted by group
+    for k in range(len(fits)):  # per group, the three combiners in turn (the long layout)
+        rows = slice(bounds[k], bounds[k + 1])
         for name in COMBINERS:
-            p = g[keep].copy()
+            p = g_df.iloc[rows][keep].copy()
             p["combiner"] = name
-            p["u"] = np.asarray(out[name], dtype=float)
-            preds.append(p)
-    cols = list(dict.fromkeys([*by, "run_id", "item_id", "incorrect", "is_train", "combiner", "u"]))
-    pred = pd.concat(preds, ignore_index=True) if preds else pd.DataFrame(columns=cols)
-    return pred, pd.DataFrame(fits)
+            p["u"] = preds[name][rows]
+            parts.append(p)
+    pred = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=cols)
+    return pred[cols], pd.DataFrame(fits).drop(columns="_gid", errors="ignore")
 
 
 def _combiners(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
-    """Per group: fit summary and coefficients, then test-split AUROC of each combiner (SQL)."""
-    pred, fits = combiner_predictions(con, by, params)
+    """Per group: fit summary and coefficients, then test-split AUROC of each combiner (SQL over the
+    test rows' group numbers, labels and the three predictions; no long frame is built)."""
+    by = _check_by(by)
+    g_df, gid, preds, fits = _fit_combiners(con, by, params, slim=True)
+    test = ~g_df["is_train"].to_numpy(dtype=bool)
+    table = pa.table(
+        {
+            "_gid": gid[test],
+            "incorrect": g_df["incorrect"].to_numpy(dtype=bool)[test],
+            **{name: preds[name][test] for name in COMBINERS},
+        }
+    )
     text = (SQL_DIR / "unc_combiner_auroc.sql").read_text(encoding="utf-8")
-    group_by = ("GROUP BY " + ", ".join(by)) if by else ""
-    con.register("_unc_combiner_preds", pred.astype({"u": float, "incorrect": bool, "is_train": bool}))
+    con.register("_unc_combiner_preds", table)
     try:
-        auc = con.execute(text.format(by=_by(by), part=_by(by), group_by=group_by)).df()
+        sql = text.format(
+            n_combiners=len(COMBINERS),
+            combiner_list=", ".join(COMBINERS),
+            auroc_columns=", ".join(
+                f"max(auroc) FILTER (WHERE _k = {i}) AS auroc_{c}" for i, c in enumerate(COMBINERS)
+            ),
+        )
+        auc = con.execute(sql).df()
     finally:
         con.unregister("_unc_combiner_preds")
-    if fits.empty:
-        return auc
-    if not by:
-        return pd.concat([fits, auc], axis=1)
-    return fits.merge(auc, on=list(by), how="left")
+    out = pd.DataFrame(fits)
+    if out.empty:  # no rows: the AUROC columns alone (one row of NULLs when there is no grouping)
+        return pd.DataFrame({f"auroc_{c}": [np.nan] * (0 if by else 1) for c in COMBINERS})
+    return out.merge(auc, on="_gid", how="left").drop(columns="_gid")
 
 
 def embedding_scores(
@@ -418,7 +571,7 @@ register(
         needs=("predictions", "option_scores"),
         default_by=("model",),
         params={"pool": "item"},
-        sql_fn=_scores_source,
+        sql_fn=lambda con, by, params: _scores_source(con, by, params, ordered=True),
     )
 )
 register(

@@ -1,29 +1,42 @@
--- Test-split AUROC of each combiner per group: the Mann-Whitney statistic with average ranks for
--- ties, positives = incorrect answers (a good uncertainty score ranks them higher). NULL when the
--- group's test rows hold only one class or the combiner could not be fitted.
-WITH r AS (
+-- Test-split AUROC of each combiner per group: the Mann-Whitney statistic with ties counted one
+-- half (the rank-sum with average ranks; scikit-learn's roc_auc_score), positives = incorrect
+-- answers (a good uncertainty score ranks them higher). NULL when the group's test rows hold only
+-- one class or the combiner could not be fitted (NaN predictions are left out).
+-- _unc_combiner_preds holds the test rows: the group number _gid, the label and one column per
+-- combiner ({combiner_list}). As in unc_auroc.sql the rows collapse to counts per distinct value
+-- and one running sum over an integer (group, combiner) key gives the negatives below each value;
+-- the numerator sum(pos(v) * (2 neg(< v) + neg(v))) is an exact integer, divided once.
+WITH long AS (
+    SELECT _gid * {n_combiners} + _k AS _part, incorrect, _u
+    FROM (SELECT _gid, incorrect, unnest([{combiner_list}]) AS _u, unnest(range({n_combiners})) AS _k
+          FROM _unc_combiner_preds)
+    WHERE _u IS NOT NULL AND NOT isnan(_u)
+),
+per_value AS (
+    SELECT _part, _u AS _v,
+           count(*) FILTER (WHERE incorrect)        AS _pos,
+           count(*) FILTER (WHERE NOT incorrect)    AS _neg
+    FROM long
+    GROUP BY ALL
+),
+below AS (
     SELECT *,
-           rank() OVER (PARTITION BY {part} combiner ORDER BY u)
-             + (count(*) OVER (PARTITION BY {part} combiner, u) - 1) / 2.0 AS avg_rank
-    FROM _unc_combiner_preds
-    WHERE NOT is_train AND u IS NOT NULL AND NOT isnan(u)
+           coalesce(sum(_neg) OVER (PARTITION BY _part ORDER BY _v
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS _neg_below
+    FROM per_value
 ),
 g AS (
-    SELECT {by} combiner, count(*) AS n, count(*) FILTER (WHERE incorrect) AS n_pos,
-           sum(CASE WHEN incorrect THEN avg_rank END) AS rank_sum
-    FROM r
-    GROUP BY {by} combiner
+    SELECT _part, sum(_pos) AS n_pos, sum(_pos + _neg) AS n, sum(_pos * (2 * _neg_below + _neg)) AS _twice_u
+    FROM below
+    GROUP BY _part
 ),
 a AS (
-    SELECT {by} combiner, n, n_pos,
+    SELECT _part // {n_combiners} AS _gid, _part % {n_combiners} AS _k,
            CASE WHEN n_pos > 0 AND n > n_pos
-                THEN (rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * (n - n_pos)) END AS auroc
+                THEN _twice_u::DOUBLE / (2 * n_pos * (n - n_pos))::DOUBLE END AS auroc
     FROM g
 )
-SELECT {by}
-       max(auroc) FILTER (WHERE combiner = 'linear_sum')     AS auroc_linear_sum,
-       max(auroc) FILTER (WHERE combiner = 'logistic')       AS auroc_logistic,
-       max(auroc) FILTER (WHERE combiner = 'ridge')          AS auroc_ridge
+SELECT _gid, {auroc_columns}
 FROM a
-{group_by}
-ORDER BY ALL
+GROUP BY _gid
+ORDER BY _gid

@@ -3,6 +3,12 @@
 -- incorrect, as in accuracy), the md5 train/test split, and every feature min-max scaled with the
 -- bounds of the group's training rows (a constant feature scales to 0). Rows with a NULL feature
 -- stay, flagged by complete = false, and are left out of fitting and scoring.
+-- The bounds are one grouped aggregate per (group, complete) ({bound_aggregates}: lo__f / hi__f
+-- over the training rows), joined back to the rows (NULL group values match, as in GROUP BY);
+-- _gid numbers the groups in the order of their values, so the caller can split the rows into
+-- groups by an integer. Sorted by (strata, run_id, item_id), which is unique, so the rows of a
+-- group are in (run_id, item_id) order; {select} is every column, or for fitting alone (sorted by
+-- _gid, run_id, item_id: the same order within a group) the group, label, split and scaled features.
 WITH sc AS (
 {scores_sql}
 ),
@@ -12,8 +18,18 @@ base AS (
            {feature_casts},
            {complete} AS complete
     FROM sc
+),
+bounds AS (
+    SELECT {by} complete, {bound_aggregates}
+    FROM base
+    GROUP BY ALL
+),
+groups AS (
+    SELECT {by} (row_number() OVER ({group_order}) - 1)::BIGINT AS _gid
+    FROM (SELECT DISTINCT {by} true AS _one FROM base)
 )
-SELECT *, {scaled}
+SELECT {select}
 FROM base
-WINDOW w AS (PARTITION BY {part} complete)
-ORDER BY ALL
+JOIN bounds ON {bounds_on}
+JOIN groups ON {groups_on}
+ORDER BY {order_by}

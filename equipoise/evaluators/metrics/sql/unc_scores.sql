@@ -5,7 +5,8 @@
 -- Answers are clustered by option identity (parsed_option_id), never by letter, so a shuffled
 -- option keeps its cluster; samples without an option (unparsed, refusal, error) share one
 -- '(no answer)' cluster. Nothing is dropped: a score that cannot be computed is NULL.
--- Templated by equipoise.evaluators.metrics.uncertainty (strata, pool key, regular expressions).
+-- Templated by equipoise.evaluators.metrics.uncertainty (strata, pool key, regular expressions), which
+-- appends the ORDER BY only where the rows are published (a sort is wasted under an aggregate).
 WITH s AS (
     SELECT sc.*, {pool_key} AS pool_key,
            coalesce(sc.parsed_option_id, '(no answer)') AS cluster
@@ -124,4 +125,3 @@ LEFT JOIN pro pr ON pr.run_id = s0.run_id AND pr.pool_key = s0.pool_key
 LEFT JOIN opt0 o ON o.run_id = s0.run_id AND o.item_id = s0.item_id
 LEFT JOIN chosen0 ch ON ch.run_id = s0.run_id AND ch.item_id = s0.item_id
 JOIN conf c ON c.run_id = s0.run_id AND c.item_id = s0.item_id
-ORDER BY ALL
