@@ -28,13 +28,18 @@ Nonconformity of option y:
   where 1 - 7/10 would round twice and give 0.30000000000000004).
 
 Split (``repeats`` random splits, default 20): within each group and stratum (``stratify``, default
-``target_role``: gold vs abstain targets) the units are ordered by md5('<seed>:<repeat>:<unit key>')
-(unit key = item_id, or base_id for pool 'base'; ties by run_id) and the first
-round_half_up(cal_fraction * N) are calibration (default 0.3), the rest test. The same item is in the
-same part for every model of a repeat (paired comparisons). That order is never sorted in full (N x
-repeats md5 strings made these metrics 10x slower than the rest): the md5 is computed once per unit
-key and repeat, and a unit is calibration iff its key is <= the stratum's n_cal-th smallest key,
-found from counts per leading byte and a sort of one byte's bucket (``sql/conf_split.sql``).
+``target_role``: gold vs abstain targets) the units are ordered by (h, unit key, run_id) and the
+first round_half_up(cal_fraction * N) are calibration (default 0.3), the rest test. The random
+stream: unit key = item_id, or base_id for pool 'base'; s0 = the first 16 hex digits of
+md5('<seed>:<unit key>') as an unsigned 64-bit integer; h of repeat r = output r + 1 of SplitMix64
+seeded with s0, i.e. z = s0 + (r + 1) * 0x9E3779B97F4A7C15, z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9,
+z = (z ^ z >> 27) * 0x94D049BB133111EB, h = z ^ z >> 31, all mod 2**64. It depends only on the seed,
+the unit key and the repeat, so the same item is in the same part for every model of a repeat
+(paired comparisons), and it is the same on any machine and DuckDB version (md5 and integer
+arithmetic are defined; DuckDB's ``hash`` is not). md5 runs once per unit key, not per key and
+repeat (md5 of units x repeats strings was most of these metrics' time). The order is never sorted in
+full: a unit is calibration iff its key is <= the stratum's n_cal-th smallest key, found from counts
+per leading byte of h and a rank inside one byte's bucket (``sql/conf_split.sql``).
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -82,12 +87,30 @@ SCORES: tuple[str, ...] = ("lac", "aps", "sampling")
 _POOLS = {"item": "sc.item_id", "base": "sc.base_id"}
 _MAX_DEN = 10**6
 
-# md5_number(x) is the 16-byte digest read as a little-endian integer: its low 64 bits are digest
-# bytes 0-7 in reverse order. Swapping them back gives the first 16 hex digits of md5(x) as an
-# integer, which orders exactly as those digits do (lower-case hex sorts like its nibbles).
-_HI_EXPR = " | ".join(
-    f"((((n & 18446744073709551615::UHUGEINT)::UBIGINT >> {8 * i}) & 255) << {8 * (7 - i)})" for i in range(8)
-)
+# The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
+# unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
+# (128 bits: the product of two 64-bit values always fits) and masked back to its low 64 bits.
+_M64 = (1 << 64) - 1
+SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
+SPLITMIX_MUL = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def _u128(value: int) -> str:
+    return f"'{value}'::UHUGEINT"  # a string literal: bare literals this large are read as DOUBLE
+
+
+def _split_hashes_expr(repeats: int) -> str:
+    """SQL for the list of the split hashes of one unit key, repeats 0..repeats-1, given its base
+    ``kb`` (UBIGINT): element r is output r + 1 of SplitMix64 seeded with kb, i.e.
+    mix(kb + (r + 1) * gamma mod 2**64). One lambda per step, so each step's input is computed once."""
+    m = _u128(_M64)
+    step = "list_transform(range({n}), lambda r: ((kb::UHUGEINT + (r + 1)::UHUGEINT * {g}) & {m})::UBIGINT)"
+    expr = step.format(n=repeats, g=_u128(SPLITMIX_GAMMA), m=m)
+    for shift, mul in zip((30, 27), SPLITMIX_MUL, strict=True):
+        mixed = f"((xor(z, z >> {shift})::UHUGEINT * {_u128(mul)}) & {m})::UBIGINT"
+        expr = f"list_transform({expr}, lambda z: {mixed})"
+    return f"list_transform({expr}, lambda z: xor(z, z >> 31))"
+
 
 COMMON_PARAMS: dict[str, object] = {
     "alpha": 0.1,
@@ -167,7 +190,11 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
     alpha = as_fraction(params["alpha"], "alpha")
     cal = as_fraction(params["cal_fraction"], "cal_fraction")
     strat = _stratify(params)
+    # only the columns the units need: a window over `scored` would otherwise carry all ~40 of its
+    # columns (raw_output included), which at 10M predictions is what ran out of memory
+    keep = dict.fromkeys(["run_id", "item_id", "dataset_id", "config", *by, *strat])
     return {
+        "unit_cols": ", ".join(f"sc.{c}" for c in keep),
         "by": "".join(f"{c}, " for c in by),
         "by_list": ", ".join(by) if by else "NULL",
         "sc_by_list": ", ".join(f"sc.{c}" for c in by) if by else "NULL",
@@ -183,7 +210,7 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
         "repeats": _int(params, "repeats", 1),
         "seed": _int(params, "seed", 0),
         "sample_index": _int(params, "sample_index", 0),
-        "hi_expr": _HI_EXPR,
+        "split_hashes": _split_hashes_expr(_int(params, "repeats", 1)),
     }
 
 

@@ -22,7 +22,7 @@ n_options AS (
     SELECT dataset_id, config, item_id, count(*) AS n_opt FROM options GROUP BY dataset_id, config, item_id
 ),
 base AS (
-    SELECT sc.*, sc.item_id AS ukey, {cov_expr} AS cov,
+    SELECT {unit_cols}, sc.item_id AS ukey, {cov_expr} AS cov,
            dense_rank() OVER (ORDER BY {sc_by_list}) AS gid,
            dense_rank() OVER (ORDER BY {strat_list}) AS sid,
            np.n_scored IS NOT NULL AS has_probs,

@@ -9,7 +9,7 @@
 --          f = share of the M samples that chose the option (by option_id, never by letter),
 --          s = 1 - f computed as (M - c) / M; and whether the majority vote is the target.
 samp AS (
-    SELECT sc.*, {pool_col} AS ukey, {cov_expr} AS cov,
+    SELECT {unit_cols}, sc.parsed_option_id, sc.target_option_id, {pool_col} AS ukey, {cov_expr} AS cov,
            dense_rank() OVER (ORDER BY {sc_by_list}) AS gid,
            dense_rank() OVER (ORDER BY {strat_list}) AS sid
     FROM scored sc
