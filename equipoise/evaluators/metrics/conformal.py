@@ -190,11 +190,9 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
     alpha = as_fraction(params["alpha"], "alpha")
     cal = as_fraction(params["cal_fraction"], "cal_fraction")
     strat = _stratify(params)
-    # only the columns the units need: a window over `scored` would otherwise carry all ~40 of its
-    # columns (raw_output included), which at 10M predictions is what ran out of memory
-    keep = dict.fromkeys(["run_id", "item_id", "dataset_id", "config", *by, *strat])
     return {
-        "unit_cols": ", ".join(f"sc.{c}" for c in keep),
+        "by_cols": by,
+        "strat_cols": strat,
         "by": "".join(f"{c}, " for c in by),
         "by_list": ", ".join(by) if by else "NULL",
         "sc_by_list": ", ".join(f"sc.{c}" for c in by) if by else "NULL",
@@ -214,23 +212,108 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
     }
 
 
-def _score_expr(score: str, params: dict) -> str:
-    if score == "lac":
-        return "1.0 - p"
-    if score == "aps":
-        return "1.0 - mass_below - (1.0 - u) * p" if params.get("aps_randomized") else "1.0 - mass_below"
-    raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+def _below(p: str) -> str:
+    """APS mass strictly below probability ``p``: the unit's sorted list ``ps`` summed in order."""
+    return f"coalesce(list_sum(list_filter(ps, lambda y: y < {p})), 0.0)"
+
+
+def _option_score_sql(score: str, params: dict) -> dict[str, str]:
+    """Template values of ``conf_option_units.sql`` for one score: the extra per-unit aggregates, the
+    list of scored options and the score of one of them (``o``) and of the target."""
+    if score == "lac":  # 1 - p of each option: no sum, so the list's order does not matter
+        return {
+            "ps_agg": "list(prob)",
+            "opt_agg": "",
+            "opt_cols": "",
+            "opt_list": "ps",
+            "opt_score": "1.0 - o",
+            "target_score": "1.0 - p_target",
+        }
+    if score != "aps":
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    if not params.get("aps_randomized"):
+        return {
+            "ps_agg": "list_sort(list(prob))",
+            "opt_agg": "",
+            "opt_cols": "",
+            "opt_list": "ps",
+            "opt_score": f"1.0 - {_below('o')}",
+            "target_score": f"1.0 - {_below('p_target')}",
+        }
+    # U ~ Uniform(0, 1): 52 bits of md5(seed, item, option identity), so the same item and option draw
+    # the same U in calibration and in prediction, in every repeat and model
+    u = (
+        f"((('0x' || substr(md5('{_int(params, 'seed', 0)}:aps:' || item_id || ':' || option_id), 1, 13))"
+        "::BIGINT + 0.5) / 4503599627370496.0)"
+    )
+    pu = f"{{'p': prob, 'u': {u}}}"
+
+    def rand(x: str) -> str:
+        p, w = f"struct_extract({x}, 'p')", f"struct_extract({x}, 'u')"
+        return f"1.0 - {_below(p)} - (1.0 - {w}) * {p}"
+
+    return {
+        "ps_agg": "list_sort(list(prob))",
+        "opt_agg": f", list({pu}) AS pu, any_value({pu}) FILTER (WHERE is_target) AS tu",
+        "opt_cols": ", pr.pu, pr.tu",
+        "opt_list": "pu",
+        "opt_score": rand("o"),
+        "target_score": rand("tu"),
+    }
+
+
+def _ids_sql(source: str, values: dict) -> str:
+    """CTEs gkeys / skeys numbering the distinct values of the grouping and stratum columns in sort
+    order (NULLs last): the same numbers as dense_rank() over the rows, from a hash DISTINCT and a
+    sort of the few distinct keys instead of a sort of every row."""
+    out = []
+    for name, id_col, cols in (("gkeys", "gid", values["by_cols"]), ("skeys", "sid", values["strat_cols"])):
+        if cols:
+            listed = ", ".join(cols)
+            out.append(
+                f"{name} AS (SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS {id_col} "
+                f"FROM (SELECT DISTINCT {listed} FROM {source}))"
+            )
+        else:
+            out.append(f"{name} AS (SELECT 1 AS {id_col})")
+    return ",\n".join(out) + ","
+
+
+def _ids_on(alias: str, cols: Sequence[str]) -> str:
+    return " AND ".join(f"{alias}.{c} IS NOT DISTINCT FROM sc.{c}" for c in cols) or "true"
 
 
 def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
     cov_expr = f"sc.{cov}" if cov else "NULL"
+    # only the columns the units need (not sc.*: ~40 columns, raw_output included, which at 10M
+    # predictions is what ran out of memory)
+    keep = ["run_id", "item_id", "dataset_id", "config", *values["by_cols"], *values["strat_cols"]]
+    if cov:
+        keep.append(cov)
+    ids = {"gid_on": _ids_on("g", values["by_cols"]), "sid_on": _ids_on("s", values["strat_cols"])}
     if score == "sampling":
         pool = params.get("pool", "item")
         if pool not in _POOLS:
             raise ValueError(f"pool must be one of {sorted(_POOLS)}, got {pool!r}")
-        return _render("conf_sampling_units.sql", pool_col=_POOLS[str(pool)], cov_expr=cov_expr, **values)
+        keep += ["base_id", "parsed_option_id", "target_option_id"]
+        cols = ", ".join(dict.fromkeys(keep))
+        return _render(
+            "conf_sampling_units.sql",
+            pool_col=_POOLS[str(pool)],
+            cov_expr=cov_expr,
+            unit_cols=cols,
+            id_ctes=_ids_sql("sc_all", values),
+            **ids,
+            **values,
+        )
     return _render(
-        "conf_option_units.sql", score_expr=_score_expr(score, params), cov_expr=cov_expr, **values
+        "conf_option_units.sql",
+        cov_expr=cov_expr,
+        unit_cols=", ".join(dict.fromkeys(keep)),
+        id_ctes=_ids_sql("sc0", values),
+        **ids,
+        **_option_score_sql(score, params),
+        **values,
     )
 
 

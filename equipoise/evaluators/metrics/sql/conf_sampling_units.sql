@@ -8,11 +8,15 @@
 --          scores ss of every option identity of the pool's items and the target's score st:
 --          f = share of the M samples that chose the option (by option_id, never by letter),
 --          s = 1 - f computed as (M - c) / M; and whether the majority vote is the target.
+sc_all AS (
+    SELECT {unit_cols} FROM scored
+),
+{id_ctes}
 samp AS (
-    SELECT {unit_cols}, sc.parsed_option_id, sc.target_option_id, {pool_col} AS ukey, {cov_expr} AS cov,
-           dense_rank() OVER (ORDER BY {sc_by_list}) AS gid,
-           dense_rank() OVER (ORDER BY {strat_list}) AS sid
-    FROM scored sc
+    SELECT sc.*, {pool_col} AS ukey, {cov_expr} AS cov, g.gid, s.sid
+    FROM sc_all sc
+    JOIN gkeys g ON {gid_on}
+    JOIN skeys s ON {sid_on}
 ),
 pools AS (
     SELECT gid, sid, run_id, ukey, count(*) AS m, count(parsed_option_id) AS m_option,
