@@ -283,6 +283,26 @@ def _ids_on(alias: str, cols: Sequence[str]) -> str:
     return " AND ".join(f"{alias}.{c} IS NOT DISTINCT FROM sc.{c}" for c in cols) or "true"
 
 
+# pools of several items (pool 'base' only: an 'item' pool is one item): distinct option identities
+# over all of them
+_MULTI_ITEM_OPTIONS = """multi_item_options AS (
+    SELECT x.gid, x.sid, x.run_id, x.ukey, count(DISTINCT o.option_id) AS n_options
+    FROM (
+        SELECT DISTINCT s.gid, s.sid, s.run_id, s.ukey, s.dataset_id, s.config, s.item_id
+        FROM samp s
+        SEMI JOIN (SELECT gid, sid, run_id, ukey FROM pools WHERE item_min <> item_max) mp
+            USING (gid, sid, run_id, ukey)
+    ) x
+    JOIN options o USING (dataset_id, config, item_id)
+    GROUP BY x.gid, x.sid, x.run_id, x.ukey
+),"""
+_NO_MULTI_ITEM_OPTIONS = """multi_item_options AS (
+    SELECT NULL::BIGINT AS gid, NULL::BIGINT AS sid, NULL::VARCHAR AS run_id, NULL::VARCHAR AS ukey,
+           NULL::BIGINT AS n_options
+    WHERE false
+),"""
+
+
 def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
     cov_expr = f"sc.{cov}" if cov else "NULL"
     # only the columns the units need (not sc.*: ~40 columns, raw_output included, which at 10M
@@ -300,6 +320,7 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
         return _render(
             "conf_sampling_units.sql",
             pool_col=_POOLS[str(pool)],
+            multi_item_options=_MULTI_ITEM_OPTIONS if pool == "base" else _NO_MULTI_ITEM_OPTIONS,
             cov_expr=cov_expr,
             unit_cols=cols,
             id_ctes=_ids_sql("sc_all", values),
@@ -350,14 +371,13 @@ def coverage_by_sql(by: Sequence[str], params: dict) -> str:
     if cov in by:
         raise ValueError(f"coverage_by {cov!r} is already a grouping column")
     values = _common(by, params)
-    source = "samp" if score == "sampling" else "base"
     return (
         "WITH "
         + _units_sql(str(score), values, params, cov)
         + ",\n"
         + _render("conf_split.sql", **values, **_split_extra(str(score)))
         + ",\n"
-        + _render("conf_coverage_by.sql", group_source=source, cov_name=cov, **values)
+        + _render("conf_coverage_by.sql", cov_name=cov, **values)
     )
 
 
