@@ -59,7 +59,7 @@ cut_lists AS (  -- per stratum with calibration units: the cut bucket of every r
     SELECT gid, sid, list(b ORDER BY rep) AS cbs FROM cut_bucket GROUP BY gid, sid
 ),
 -- every (unit, repeat) in a bucket below the cut bucket is calibration; those in it are candidates
-cal_cand AS MATERIALIZED (
+cal_cand AS NOT MATERIALIZED (
     SELECT gid, sid, rep, st, m, h, b = cb AS amb,
            CASE WHEN b = cb THEN ukey END AS ukey, CASE WHEN b = cb THEN run_id END AS run_id
     FROM (
