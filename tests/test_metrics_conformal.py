@@ -17,6 +17,7 @@ import pytest
 
 from equipoise.evaluators.metrics import compute
 from equipoise.evaluators.metrics.conformal import _split_hashes_expr, conformal_k
+from equipoise.evaluators.metrics.registry import prepare
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 
 BY = ("model", "config")
@@ -707,3 +708,26 @@ def test_reruns_give_identical_doubles(store, name):
     frames = [_compute(store, name, repeats=40, seed=2) for _ in range(3)]
     for frame in frames[1:]:
         pd.testing.assert_frame_equal(frame, frames[0], check_exact=True)
+
+
+def test_split_hashes_shared_by_a_materialized_pass_give_the_same_frames(store):
+    """A read-only pass with materialized base relations reads the split hashes from a TEMP table of
+    every key of `scored`, shared by the conformal metrics; the frames equal the inline query's."""
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        for name, params in (
+            ("conformal_lac", {"seed": 3, "repeats": 7}),
+            ("conformal_aps", {"seed": 3, "repeats": 7}),
+            ("conformal_sampling", {"seed": 3, "repeats": 7, "pool": "base"}),
+            ("conformal_coverage_by", {"seed": 3, "repeats": 7}),
+        ):
+            shared = compute(con, name, list(BY), params)
+            inline = _compute(store, name, BY, **params)
+            pd.testing.assert_frame_equal(shared, inline, check_exact=True)
+        tables = {
+            r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()
+        }
+        assert {"_conf_split_keys_item_id_3_7", "_conf_split_keys_base_id_3_7"} <= tables
+    finally:
+        con.close()

@@ -72,7 +72,16 @@ from fractions import Fraction
 import duckdb
 import pandas as pd
 
-from equipoise.evaluators.metrics.registry import SQL_DIR, STRATA, Metric, _check_by, prepare, register
+from equipoise.evaluators.metrics.registry import (
+    SQL_DIR,
+    STRATA,
+    Metric,
+    _check_by,
+    _materialized,
+    prepare,
+    register,
+    temp_tables,
+)
 
 # columns a split may be stratified by, or coverage reported by
 CONF_STRATA: tuple[str, ...] = (
@@ -349,21 +358,53 @@ def _split_extra(score: str) -> dict[str, str]:
     }
 
 
-def conformal_sql(score: str, by: Sequence[str], params: dict) -> str:
-    """The rendered query of conformal_lac / conformal_aps / conformal_sampling."""
+def _split_keys_sql(values: dict, keys: str) -> str:
+    """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``)."""
+    return (
+        f"SELECT ukey, {values['split_hashes']} AS hs FROM (SELECT ukey, "
+        f"('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb FROM ({keys}))"
+    )
+
+
+def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_col: str) -> str:
+    """Where the split hashes come from: computed for the query's own units, or, when the base
+    relations are fixed for the connection (a read-only pass over many metrics, see
+    ``registry.prepare``), from a TEMP table of every item_id / base_id of ``scored`` computed once
+    per seed and repeat count and shared by the conformal metrics of the pass (the hashes depend on
+    nothing but the key, the seed and the repeat, so the shared table gives the same numbers)."""
+    if con is None or not _materialized(con):
+        return _split_keys_sql(values, "SELECT DISTINCT ukey FROM units")
+    table = f"_conf_split_keys_{key_col}_{values['seed']}_{values['repeats']}"  # validated integers
+    if table not in temp_tables(con):
+        keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
+        con.execute(f"CREATE TEMP TABLE {table} AS {_split_keys_sql(values, keys)}")
+    return f"SELECT ukey, hs FROM {table}"
+
+
+def _key_col(score: str, params: dict) -> str:
+    return "base_id" if score == "sampling" and params.get("pool", "item") == "base" else "item_id"
+
+
+def conformal_sql(
+    score: str, by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None
+) -> str:
+    """The rendered query of conformal_lac / conformal_aps / conformal_sampling (with ``con``: reading
+    the split hashes shared by the connection's conformal metrics where it may)."""
     values = _common(by, params)
+    units = _units_sql(score, values, params, None)  # validates the pool before its column is used
+    keys = _split_keys_source(con, values, _key_col(score, params))
     summary = "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
     return (
         "WITH "
-        + _units_sql(score, values, params, None)
+        + units
         + ",\n"
-        + _render("conf_split.sql", **values, **_split_extra(score))
+        + _render("conf_split.sql", split_keys_sql=keys, **values, **_split_extra(score))
         + ",\n"
         + _render(summary, **values)
     )
 
 
-def coverage_by_sql(by: Sequence[str], params: dict) -> str:
+def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None) -> str:
     score = params["score"]
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
@@ -371,11 +412,13 @@ def coverage_by_sql(by: Sequence[str], params: dict) -> str:
     if cov in by:
         raise ValueError(f"coverage_by {cov!r} is already a grouping column")
     values = _common(by, params)
+    units = _units_sql(str(score), values, params, cov)
+    keys = _split_keys_source(con, values, _key_col(str(score), params))
     return (
         "WITH "
-        + _units_sql(str(score), values, params, cov)
+        + units
         + ",\n"
-        + _render("conf_split.sql", **values, **_split_extra(str(score)))
+        + _render("conf_split.sql", split_keys_sql=keys, **values, **_split_extra(str(score)))
         + ",\n"
         + _render("conf_coverage_by.sql", cov_name=cov, **values)
     )
@@ -384,14 +427,14 @@ def coverage_by_sql(by: Sequence[str], params: dict) -> str:
 def _runner(score: str):
     def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
         prepare(con)
-        return con.execute(conformal_sql(score, by, params)).df()
+        return con.execute(conformal_sql(score, by, params, con)).df()
 
     return run
 
 
 def _coverage_by(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     prepare(con)
-    return con.execute(coverage_by_sql(by, params)).df()
+    return con.execute(coverage_by_sql(by, params, con)).df()
 
 
 register(

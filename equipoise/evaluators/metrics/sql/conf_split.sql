@@ -13,13 +13,12 @@
 -- key, the {repeats} hashes are integer arithmetic on it. A stratum's calibration part is the set of
 -- units whose key (h, ukey, run_id) is <= its n_cal-th smallest key, so only that cutoff key is
 -- needed: counts per leading byte of h locate the byte bucket holding it, and only that bucket's rows
--- (about 1/256 of the stratum) are ranked. Three passes over the units x repeats rows, each a stream
--- of small integer columns unnested from per-unit lists: bucket counts; the rows at or below the
--- cutoff bucket (calibration scores); the test rows (sets).
+-- (about 1/256 of the stratum) are ranked. Four streaming passes over the units x repeats rows
+-- (unnested from per-unit lists, nothing of that size is materialized): bucket counts; the rows
+-- below the cutoff bucket (certain calibration: their target scores go into a bounded top-m heap per
+-- group and repeat); the rows in it (ranked); the test rows (sets).
 split_keys AS (  -- the {repeats} split hashes of every distinct unit key, as a list by repeat
-    SELECT ukey, {split_hashes} AS hs
-    FROM (SELECT ukey, ('0x' || substr(md5('{seed}:' || ukey), 1, 16))::UBIGINT AS kb
-          FROM (SELECT DISTINCT ukey FROM units))
+    {split_keys_sql}
 ),
 -- skey: one small integer per group x stratum, so the bucket counts group by one BIGINT;
 -- m = n_cal - k + 1 of the group (at least 1): how many of the largest calibration scores q_hat needs
@@ -58,7 +57,9 @@ cut_bucket AS (  -- the bucket holding the n_cal-th smallest key; `need` = its r
 cut_lists AS (  -- per stratum with calibration units: the cut bucket of every repeat, by repeat
     SELECT gid, sid, list(b ORDER BY rep) AS cbs FROM cut_bucket GROUP BY gid, sid
 ),
--- every (unit, repeat) in a bucket below the cut bucket is calibration; those in it are candidates
+-- every (unit, repeat) in a bucket below the cut bucket is calibration; those in it are candidates.
+-- Not materialized: each consumer streams it with its own filter (30% of the rows as a table did
+-- not fit a 1 GB memory limit at 3M predictions)
 cal_cand AS NOT MATERIALIZED (
     SELECT gid, sid, rep, st, m, h, b = cb AS amb,
            CASE WHEN b = cb THEN ukey END AS ukey, CASE WHEN b = cb THEN run_id END AS run_id
