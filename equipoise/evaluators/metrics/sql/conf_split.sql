@@ -58,8 +58,8 @@ cut_lists AS (  -- per stratum with calibration units: the cut bucket of every r
     SELECT gid, sid, list(b ORDER BY rep) AS cbs FROM cut_bucket GROUP BY gid, sid
 ),
 -- every (unit, repeat) in a bucket below the cut bucket is calibration; those in it are candidates.
--- Not materialized: each consumer streams it with its own filter (30% of the rows as a table did
--- not fit a 1 GB memory limit at 3M predictions)
+-- Not materialized: each consumer streams it with its own filter, which costs about the CPU of
+-- materializing its ~30% of the units x repeats rows once, without holding them in memory
 cal_cand AS NOT MATERIALIZED (
     SELECT gid, sid, rep, st, m, h, b = cb AS amb,
            CASE WHEN b = cb THEN ukey END AS ukey, CASE WHEN b = cb THEN run_id END AS run_id
