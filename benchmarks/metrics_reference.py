@@ -11,13 +11,15 @@ with its default grouping and default parameters, the way ``equipoise metrics`` 
 
 Vectorised, not a strawman: per-row Python loops appear only where the definition needs a hash per
 key (md5 splits, SHA-256 bootstrap streams), and those hash each distinct key once. The conformal
-split hashes are computed once and shared by the four conformal metrics (the DuckDB path recomputes
-them per metric), which favours the reference.
+split hashes (one md5 per unit key, then numpy integer arithmetic per repeat) are computed once and
+shared by the four conformal metrics (the DuckDB path recomputes them per metric), which favours the
+reference.
 
 Resampling metrics use the same randomness as the package, so the numbers can be compared:
 
-- conformal splits order the units by md5('<seed>:<repeat>:<unit key>') (ties: run_id), as
-  documented in ``equipoise/evaluators/metrics/conformal.py``;
+- conformal splits order the units by (h, unit key, run_id), h = SplitMix64 output repeat + 1 seeded
+  with the first 16 hex digits of md5('<seed>:<unit key>'), as documented in
+  ``equipoise/evaluators/metrics/conformal.py``;
 - bootstraps draw from ``numpy.random.default_rng([seed, h])`` with h the first 8 bytes
   (little-endian) of SHA-256 of the group key joined by '\\x1f', replicate indices floor(u * n)
   (paired bootstrap) or multinomial counts over the distinct (samples, correct) item kinds
@@ -558,18 +560,22 @@ def idk_shift(d: Data) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------
 # conformal prediction
 # ---------------------------------------------------------------------------------------------
-def _split_hashes(d: Data, ukeys: np.ndarray, seed: int = 0) -> dict[int, pd.Series]:
-    """Per repeat: md5('<seed>:<rep>:<key>') for each distinct unit key (hashed once, shared by every
-    conformal metric of the run)."""
+def _split_hashes(d: Data, ukeys: np.ndarray, seed: int = 0) -> pd.DataFrame:
+    """Split hashes of every distinct unit key (rows) in every repeat (columns): SplitMix64 output
+    rep + 1 seeded with the first 16 hex digits of md5('<seed>:<key>'), in numpy uint64 arithmetic
+    (wraps mod 2**64). md5 runs once per key, shared by every conformal metric of the run."""
     cache: dict = d.cached("split_hashes", dict)  # type: ignore[assignment]
-    seen: set[str] = cache.setdefault("keys", set())
-    new = [k for k in pd.unique(ukeys).tolist() if k not in seen]
+    new = [k for k in pd.unique(ukeys).tolist() if k not in cache.get("index", {})]
     if new:
-        seen.update(new)
-        for rep in range(REPEATS):
-            h = pd.Series([hashlib.md5(f"{seed}:{rep}:{k}".encode()).hexdigest() for k in new], index=new)
-            cache[rep] = pd.concat([cache[rep], h]) if rep in cache else h
-    return cache
+        digests = [int(hashlib.md5(f"{seed}:{k}".encode()).hexdigest()[:16], 16) for k in new]
+        steps = np.arange(1, REPEATS + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        z = np.array(digests, dtype=np.uint64)[:, None] + steps[None, :]
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        h = pd.DataFrame(z ^ (z >> np.uint64(31)), index=new)
+        cache["table"] = pd.concat([cache["table"], h]) if "table" in cache else h
+        cache["index"] = set(cache["table"].index)
+    return cache["table"]
 
 
 def _conformal(
@@ -577,7 +583,7 @@ def _conformal(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Repeated stratified split conformal over ``units`` (columns gid, sid, run_id, ukey, uid) and
     ``opt`` (uid, s, is_target). Returns (per-group summary, per (rep, test unit) sets)."""
-    hashes = _split_hashes(d, units.ukey.to_numpy())
+    hashes = _split_hashes(d, units.ukey.to_numpy()).reindex(units.ukey).to_numpy()
     tgt_s = opt[opt.is_target].set_index("uid")["s"].reindex(units.uid).to_numpy()
     o_uid, o_s, o_t = opt.uid.to_numpy(), opt.s.to_numpy(), opt.is_target.to_numpy(bool)
     n_units = len(units)
@@ -585,6 +591,7 @@ def _conformal(
     gids = units.gid.to_numpy()
     sids = units.sid.to_numpy()
     run_code = pd.factorize(units.run_id, sort=True)[0]  # string order of run_id, as integers
+    ukey_code = pd.factorize(units.ukey, sort=True)[0]
     # stratum sizes and the calibration count of each stratum (the same in every repeat)
     stratum = pd.factorize(pd.MultiIndex.from_arrays([gids, sids]))[0]
     size = np.bincount(stratum)[stratum]
@@ -593,8 +600,7 @@ def _conformal(
     )
     thr_rows, rep_rows, sets = [], [], []
     for rep in range(REPEATS):
-        h_code = pd.factorize(hashes[rep].reindex(units.ukey).to_numpy(), sort=True)[0]
-        order = np.lexsort((run_code, h_code, stratum))  # by stratum, then md5, then run_id
+        order = np.lexsort((run_code, ukey_code, hashes[:, rep], stratum))  # stratum, hash, key, run_id
         st = stratum[order]
         first = np.r_[0, np.flatnonzero(st[1:] != st[:-1]) + 1]
         rank = np.arange(n_units) - np.repeat(first, np.diff(np.r_[first, n_units]))

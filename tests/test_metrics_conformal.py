@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from equipoise.evaluators.metrics import compute
-from equipoise.evaluators.metrics.conformal import _HI_EXPR, conformal_k
+from equipoise.evaluators.metrics.conformal import _split_hashes_expr, conformal_k
+from equipoise.evaluators.metrics.registry import prepare
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 
 BY = ("model", "config")
@@ -28,6 +29,21 @@ BY = ("model", "config")
 
 def _md5(text: str) -> str:
     return hashlib.md5(text.encode()).hexdigest()
+
+
+_MASK = 2**64 - 1
+
+
+@functools.cache
+def _split_hash(seed: int, rep: int, ukey: str) -> int:
+    """The documented split stream, written out independently: SplitMix64 seeded with the first 16 hex
+    digits of md5('<seed>:<unit key>'), output number rep + 1 (state advanced rep + 1 times by the
+    golden-ratio gamma, then the two xor-shift-multiply rounds and a final xor-shift)."""
+    state = int(_md5(f"{seed}:{ukey}")[:16], 16)
+    state = (state + (rep + 1) * 0x9E3779B97F4A7C15) % 2**64
+    z = (state ^ (state >> 30)) * 0xBF58476D1CE4E5B9 % 2**64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB % 2**64
+    return z ^ (z >> 31)
 
 
 def _u(seed: int, item_id: str, option_id: str) -> float:
@@ -176,7 +192,8 @@ def run_splits(units, alpha=0.1, cal=0.3, repeats=20, seed=0):
             cal_units, test_units = [], []
             for members in strata.values():
                 order = sorted(
-                    members, key=lambda u, rep=rep: (_md5(f"{seed}:{rep}:{u['ukey']}"), u["run_id"])
+                    members,
+                    key=lambda u, rep=rep: (_split_hash(seed, rep, u["ukey"]), u["ukey"], u["run_id"]),
                 )
                 n_cal = math.floor(cal_f * len(order) + Fraction(1, 2))
                 cal_units += order[:n_cal]
@@ -648,28 +665,32 @@ def test_grouping_by_nothing_and_any_stratum(store):
 
 
 # ----------------------------------------------------------------------------------------------------
-# how the split is computed (the definition is the md5 order; these pin the shortcuts it takes)
+# how the split is computed (the definition is the SplitMix64 order; these pin the stream itself)
 
 
-def test_md5_prefix_integer_is_the_leading_hex_digits():
-    """The split compares h = md5_number's digest bytes swapped back to big-endian, and only falls back
-    to the md5 hex where h ties: h must equal the first 16 hex digits read as a number, so that
-    ordering by (h, hex) is ordering by hex."""
-    texts = [f"{seed}:{rep}:it-{i:07d}:k3_gold" for seed in (0, 17) for rep in range(25) for i in range(40)]
+def test_split_hashes_follow_the_documented_stream():
+    """The SQL list of split hashes of a unit key is SplitMix64 seeded from md5('<seed>:<key>'), element
+    r = output r + 1, for any seed and key (also keys whose products overflow 64 bits: all of them)."""
+    keys = [f"it-{i:07d}:k3_gold" for i in range(60)] + ["", "ü:é", "base-17"]
     con = duckdb.connect()
-    sql = f"SELECT x, {_HI_EXPR} FROM (SELECT x, md5_number(x) AS n FROM unnest(?) t(x))"
-    rows = con.execute(sql, [texts]).fetchall()
+    sql = (
+        f"SELECT seed, ukey, {_split_hashes_expr(25)} AS hs FROM (SELECT seed, ukey, "
+        "('0x' || substr(md5(seed::VARCHAR || ':' || ukey), 1, 16))::UBIGINT AS kb "
+        "FROM unnest(?) t(ukey), (VALUES (0), (17)) s(seed))"
+    )
+    rows = con.execute(sql, [keys]).fetchall()
     con.close()
-    assert len(rows) == len(texts)
-    for text, h in rows:
-        assert h == int(_md5(text)[:16], 16)
-    assert sorted(texts, key=lambda t: dict(rows)[t]) == sorted(texts, key=_md5)
+    assert len(rows) == 2 * len(keys)
+    for seed, ukey, hs in rows:
+        assert hs == [_split_hash(seed, rep, ukey) for rep in range(25)]
+    # the stream is not degenerate: distinct keys and repeats give distinct hashes
+    assert len({h for _, _, hs in rows for h in hs}) == 25 * 2 * len(keys)
 
 
 @pytest.mark.parametrize("score", ["lac", "aps"])
 def test_same_unit_key_in_several_runs_is_ordered_by_run_id(store, score):
-    """Grouped by nothing, the runs of both models hold the same item ids: their md5 keys tie and run_id
-    decides, also where the calibration cutoff falls between two runs of one item."""
+    """Grouped by nothing, the runs of both models hold the same item ids: their split hashes tie and
+    run_id decides, also where the calibration cutoff falls between two runs of one item."""
     seed, repeats = 8, 6
     got = _compute(store, f"conformal_{score}", (), repeats=repeats, seed=seed)
     units, _ = option_units(store, score, (), ("target_role",), seed=seed)
@@ -687,3 +708,26 @@ def test_reruns_give_identical_doubles(store, name):
     frames = [_compute(store, name, repeats=40, seed=2) for _ in range(3)]
     for frame in frames[1:]:
         pd.testing.assert_frame_equal(frame, frames[0], check_exact=True)
+
+
+def test_split_hashes_shared_by_a_materialized_pass_give_the_same_frames(store):
+    """A read-only pass with materialized base relations reads the split hashes from a TEMP table of
+    every key of `scored`, shared by the conformal metrics; the frames equal the inline query's."""
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        for name, params in (
+            ("conformal_lac", {"seed": 3, "repeats": 7}),
+            ("conformal_aps", {"seed": 3, "repeats": 7}),
+            ("conformal_sampling", {"seed": 3, "repeats": 7, "pool": "base"}),
+            ("conformal_coverage_by", {"seed": 3, "repeats": 7}),
+        ):
+            shared = compute(con, name, list(BY), params)
+            inline = _compute(store, name, BY, **params)
+            pd.testing.assert_frame_equal(shared, inline, check_exact=True)
+        tables = {
+            r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()
+        }
+        assert {"_conf_split_keys_item_id_3_7", "_conf_split_keys_base_id_3_7"} <= tables
+    finally:
+        con.close()

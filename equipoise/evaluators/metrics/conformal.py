@@ -28,13 +28,18 @@ Nonconformity of option y:
   where 1 - 7/10 would round twice and give 0.30000000000000004).
 
 Split (``repeats`` random splits, default 20): within each group and stratum (``stratify``, default
-``target_role``: gold vs abstain targets) the units are ordered by md5('<seed>:<repeat>:<unit key>')
-(unit key = item_id, or base_id for pool 'base'; ties by run_id) and the first
-round_half_up(cal_fraction * N) are calibration (default 0.3), the rest test. The same item is in the
-same part for every model of a repeat (paired comparisons). That order is never sorted in full (N x
-repeats md5 strings made these metrics 10x slower than the rest): the md5 is computed once per unit
-key and repeat, and a unit is calibration iff its key is <= the stratum's n_cal-th smallest key,
-found from counts per leading byte and a sort of one byte's bucket (``sql/conf_split.sql``).
+``target_role``: gold vs abstain targets) the units are ordered by (h, unit key, run_id) and the
+first round_half_up(cal_fraction * N) are calibration (default 0.3), the rest test. The random
+stream: unit key = item_id, or base_id for pool 'base'; s0 = the first 16 hex digits of
+md5('<seed>:<unit key>') as an unsigned 64-bit integer; h of repeat r = output r + 1 of SplitMix64
+seeded with s0, i.e. z = s0 + (r + 1) * 0x9E3779B97F4A7C15, z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9,
+z = (z ^ z >> 27) * 0x94D049BB133111EB, h = z ^ z >> 31, all mod 2**64. It depends only on the seed,
+the unit key and the repeat, so the same item is in the same part for every model of a repeat
+(paired comparisons), and it is the same on any machine and DuckDB version (md5 and integer
+arithmetic are defined; DuckDB's ``hash`` is not). md5 runs once per unit key, not per key and
+repeat (md5 of units x repeats strings was most of these metrics' time). The order is never sorted in
+full: a unit is calibration iff its key is <= the stratum's n_cal-th smallest key, found from counts
+per leading byte of h and a rank inside one byte's bucket (``sql/conf_split.sql``).
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -67,7 +72,16 @@ from fractions import Fraction
 import duckdb
 import pandas as pd
 
-from equipoise.evaluators.metrics.registry import SQL_DIR, STRATA, Metric, _check_by, prepare, register
+from equipoise.evaluators.metrics.registry import (
+    SQL_DIR,
+    STRATA,
+    Metric,
+    _check_by,
+    _materialized,
+    prepare,
+    register,
+    temp_tables,
+)
 
 # columns a split may be stratified by, or coverage reported by
 CONF_STRATA: tuple[str, ...] = (
@@ -82,12 +96,30 @@ SCORES: tuple[str, ...] = ("lac", "aps", "sampling")
 _POOLS = {"item": "sc.item_id", "base": "sc.base_id"}
 _MAX_DEN = 10**6
 
-# md5_number(x) is the 16-byte digest read as a little-endian integer: its low 64 bits are digest
-# bytes 0-7 in reverse order. Swapping them back gives the first 16 hex digits of md5(x) as an
-# integer, which orders exactly as those digits do (lower-case hex sorts like its nibbles).
-_HI_EXPR = " | ".join(
-    f"((((n & 18446744073709551615::UHUGEINT)::UBIGINT >> {8 * i}) & 255) << {8 * (7 - i)})" for i in range(8)
-)
+# The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
+# unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
+# (128 bits: the product of two 64-bit values always fits) and masked back to its low 64 bits.
+_M64 = (1 << 64) - 1
+SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
+SPLITMIX_MUL = (0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def _u128(value: int) -> str:
+    return f"'{value}'::UHUGEINT"  # a string literal: bare literals this large are read as DOUBLE
+
+
+def _split_hashes_expr(repeats: int) -> str:
+    """SQL for the list of the split hashes of one unit key, repeats 0..repeats-1, given its base
+    ``kb`` (UBIGINT): element r is output r + 1 of SplitMix64 seeded with kb, i.e.
+    mix(kb + (r + 1) * gamma mod 2**64). One lambda per step, so each step's input is computed once."""
+    m = _u128(_M64)
+    step = "list_transform(range({n}), lambda r: ((kb::UHUGEINT + (r + 1)::UHUGEINT * {g}) & {m})::UBIGINT)"
+    expr = step.format(n=repeats, g=_u128(SPLITMIX_GAMMA), m=m)
+    for shift, mul in zip((30, 27), SPLITMIX_MUL, strict=True):
+        mixed = f"((xor(z, z >> {shift})::UHUGEINT * {_u128(mul)}) & {m})::UBIGINT"
+        expr = f"list_transform({expr}, lambda z: {mixed})"
+    return f"list_transform({expr}, lambda z: xor(z, z >> 31))"
+
 
 COMMON_PARAMS: dict[str, object] = {
     "alpha": 0.1,
@@ -168,6 +200,8 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
     cal = as_fraction(params["cal_fraction"], "cal_fraction")
     strat = _stratify(params)
     return {
+        "by_cols": by,
+        "strat_cols": strat,
         "by": "".join(f"{c}, " for c in by),
         "by_list": ", ".join(by) if by else "NULL",
         "sc_by_list": ", ".join(f"sc.{c}" for c in by) if by else "NULL",
@@ -183,27 +217,133 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
         "repeats": _int(params, "repeats", 1),
         "seed": _int(params, "seed", 0),
         "sample_index": _int(params, "sample_index", 0),
-        "hi_expr": _HI_EXPR,
+        "split_hashes": _split_hashes_expr(_int(params, "repeats", 1)),
     }
 
 
-def _score_expr(score: str, params: dict) -> str:
-    if score == "lac":
-        return "1.0 - p"
-    if score == "aps":
-        return "1.0 - mass_below - (1.0 - u) * p" if params.get("aps_randomized") else "1.0 - mass_below"
-    raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+def _below(p: str) -> str:
+    """APS mass strictly below probability ``p``: the unit's sorted list ``ps`` summed in order."""
+    return f"coalesce(list_sum(list_filter(ps, lambda y: y < {p})), 0.0)"
+
+
+def _option_score_sql(score: str, params: dict) -> dict[str, str]:
+    """Template values of ``conf_option_units.sql`` for one score: the extra per-unit aggregates, the
+    list of scored options and the score of one of them (``o``) and of the target."""
+    if score == "lac":  # 1 - p of each option: no sum, so the list's order does not matter
+        return {
+            "ps_agg": "list(prob)",
+            "opt_agg": "",
+            "opt_cols": "",
+            "opt_list": "ps",
+            "opt_score": "1.0 - o",
+            "target_score": "1.0 - p_target",
+        }
+    if score != "aps":
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}")
+    if not params.get("aps_randomized"):
+        return {
+            "ps_agg": "list_sort(list(prob))",
+            "opt_agg": "",
+            "opt_cols": "",
+            "opt_list": "ps",
+            "opt_score": f"1.0 - {_below('o')}",
+            "target_score": f"1.0 - {_below('p_target')}",
+        }
+    # U ~ Uniform(0, 1): 52 bits of md5(seed, item, option identity), so the same item and option draw
+    # the same U in calibration and in prediction, in every repeat and model
+    u = (
+        f"((('0x' || substr(md5('{_int(params, 'seed', 0)}:aps:' || item_id || ':' || option_id), 1, 13))"
+        "::BIGINT + 0.5) / 4503599627370496.0)"
+    )
+    pu = f"{{'p': prob, 'u': {u}}}"
+
+    def rand(x: str) -> str:
+        p, w = f"struct_extract({x}, 'p')", f"struct_extract({x}, 'u')"
+        return f"1.0 - {_below(p)} - (1.0 - {w}) * {p}"
+
+    return {
+        "ps_agg": "list_sort(list(prob))",
+        "opt_agg": f", list({pu}) AS pu, any_value({pu}) FILTER (WHERE is_target) AS tu",
+        "opt_cols": ", pr.pu, pr.tu",
+        "opt_list": "pu",
+        "opt_score": rand("o"),
+        "target_score": rand("tu"),
+    }
+
+
+def _ids_sql(source: str, values: dict) -> str:
+    """CTEs gkeys / skeys numbering the distinct values of the grouping and stratum columns in sort
+    order (NULLs last): the same numbers as dense_rank() over the rows, from a hash DISTINCT and a
+    sort of the few distinct keys instead of a sort of every row."""
+    out = []
+    for name, id_col, cols in (("gkeys", "gid", values["by_cols"]), ("skeys", "sid", values["strat_cols"])):
+        if cols:
+            listed = ", ".join(cols)
+            out.append(
+                f"{name} AS (SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS {id_col} "
+                f"FROM (SELECT DISTINCT {listed} FROM {source}))"
+            )
+        else:
+            out.append(f"{name} AS (SELECT 1 AS {id_col})")
+    return ",\n".join(out) + ","
+
+
+def _ids_on(alias: str, cols: Sequence[str]) -> str:
+    return " AND ".join(f"{alias}.{c} IS NOT DISTINCT FROM sc.{c}" for c in cols) or "true"
+
+
+# pools of several items (pool 'base' only: an 'item' pool is one item): distinct option identities
+# over all of them
+_MULTI_ITEM_OPTIONS = """multi_item_options AS (
+    SELECT x.gid, x.sid, x.run_id, x.ukey, count(DISTINCT o.option_id) AS n_options
+    FROM (
+        SELECT DISTINCT s.gid, s.sid, s.run_id, s.ukey, s.dataset_id, s.config, s.item_id
+        FROM samp s
+        SEMI JOIN (SELECT gid, sid, run_id, ukey FROM pools WHERE item_min <> item_max) mp
+            USING (gid, sid, run_id, ukey)
+    ) x
+    JOIN options o USING (dataset_id, config, item_id)
+    GROUP BY x.gid, x.sid, x.run_id, x.ukey
+),"""
+_NO_MULTI_ITEM_OPTIONS = """multi_item_options AS (
+    SELECT NULL::BIGINT AS gid, NULL::BIGINT AS sid, NULL::VARCHAR AS run_id, NULL::VARCHAR AS ukey,
+           NULL::BIGINT AS n_options
+    WHERE false
+),"""
 
 
 def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
     cov_expr = f"sc.{cov}" if cov else "NULL"
+    # only the columns the units need (not sc.*: ~40 columns, raw_output included, which at 10M
+    # predictions is what ran out of memory)
+    keep = ["run_id", "item_id", "dataset_id", "config", *values["by_cols"], *values["strat_cols"]]
+    if cov:
+        keep.append(cov)
+    ids = {"gid_on": _ids_on("g", values["by_cols"]), "sid_on": _ids_on("s", values["strat_cols"])}
     if score == "sampling":
         pool = params.get("pool", "item")
         if pool not in _POOLS:
             raise ValueError(f"pool must be one of {sorted(_POOLS)}, got {pool!r}")
-        return _render("conf_sampling_units.sql", pool_col=_POOLS[str(pool)], cov_expr=cov_expr, **values)
+        keep += ["base_id", "parsed_option_id", "target_option_id"]
+        cols = ", ".join(dict.fromkeys(keep))
+        return _render(
+            "conf_sampling_units.sql",
+            pool_col=_POOLS[str(pool)],
+            multi_item_options=_MULTI_ITEM_OPTIONS if pool == "base" else _NO_MULTI_ITEM_OPTIONS,
+            cov_expr=cov_expr,
+            unit_cols=cols,
+            id_ctes=_ids_sql("sc_all", values),
+            **ids,
+            **values,
+        )
     return _render(
-        "conf_option_units.sql", score_expr=_score_expr(score, params), cov_expr=cov_expr, **values
+        "conf_option_units.sql",
+        cov_expr=cov_expr,
+        unit_cols=", ".join(dict.fromkeys(keep)),
+        id_ctes=_ids_sql("sc0", values),
+        **ids,
+        **_option_score_sql(score, params),
+        **values,
     )
 
 
@@ -218,21 +358,53 @@ def _split_extra(score: str) -> dict[str, str]:
     }
 
 
-def conformal_sql(score: str, by: Sequence[str], params: dict) -> str:
-    """The rendered query of conformal_lac / conformal_aps / conformal_sampling."""
+def _split_keys_sql(values: dict, keys: str) -> str:
+    """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``)."""
+    return (
+        f"SELECT ukey, {values['split_hashes']} AS hs FROM (SELECT ukey, "
+        f"('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb FROM ({keys}))"
+    )
+
+
+def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_col: str) -> str:
+    """Where the split hashes come from: computed for the query's own units, or, when the base
+    relations are fixed for the connection (a read-only pass over many metrics, see
+    ``registry.prepare``), from a TEMP table of every item_id / base_id of ``scored`` computed once
+    per seed and repeat count and shared by the conformal metrics of the pass (the hashes depend on
+    nothing but the key, the seed and the repeat, so the shared table gives the same numbers)."""
+    if con is None or not _materialized(con):
+        return _split_keys_sql(values, "SELECT DISTINCT ukey FROM units")
+    table = f"_conf_split_keys_{key_col}_{values['seed']}_{values['repeats']}"  # validated integers
+    if table not in temp_tables(con):
+        keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
+        con.execute(f"CREATE TEMP TABLE {table} AS {_split_keys_sql(values, keys)}")
+    return f"SELECT ukey, hs FROM {table}"
+
+
+def _key_col(score: str, params: dict) -> str:
+    return "base_id" if score == "sampling" and params.get("pool", "item") == "base" else "item_id"
+
+
+def conformal_sql(
+    score: str, by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None
+) -> str:
+    """The rendered query of conformal_lac / conformal_aps / conformal_sampling (with ``con``: reading
+    the split hashes shared by the connection's conformal metrics where it may)."""
     values = _common(by, params)
+    units = _units_sql(score, values, params, None)  # validates the pool before its column is used
+    keys = _split_keys_source(con, values, _key_col(score, params))
     summary = "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
     return (
         "WITH "
-        + _units_sql(score, values, params, None)
+        + units
         + ",\n"
-        + _render("conf_split.sql", **values, **_split_extra(score))
+        + _render("conf_split.sql", split_keys_sql=keys, **values, **_split_extra(score))
         + ",\n"
         + _render(summary, **values)
     )
 
 
-def coverage_by_sql(by: Sequence[str], params: dict) -> str:
+def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None) -> str:
     score = params["score"]
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
@@ -240,28 +412,29 @@ def coverage_by_sql(by: Sequence[str], params: dict) -> str:
     if cov in by:
         raise ValueError(f"coverage_by {cov!r} is already a grouping column")
     values = _common(by, params)
-    source = "samp" if score == "sampling" else "base"
+    units = _units_sql(str(score), values, params, cov)
+    keys = _split_keys_source(con, values, _key_col(str(score), params))
     return (
         "WITH "
-        + _units_sql(str(score), values, params, cov)
+        + units
         + ",\n"
-        + _render("conf_split.sql", **values, **_split_extra(str(score)))
+        + _render("conf_split.sql", split_keys_sql=keys, **values, **_split_extra(str(score)))
         + ",\n"
-        + _render("conf_coverage_by.sql", group_source=source, cov_name=cov, **values)
+        + _render("conf_coverage_by.sql", cov_name=cov, **values)
     )
 
 
 def _runner(score: str):
     def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
         prepare(con)
-        return con.execute(conformal_sql(score, by, params)).df()
+        return con.execute(conformal_sql(score, by, params, con)).df()
 
     return run
 
 
 def _coverage_by(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     prepare(con)
-    return con.execute(coverage_by_sql(by, params)).df()
+    return con.execute(coverage_by_sql(by, params, con)).df()
 
 
 register(

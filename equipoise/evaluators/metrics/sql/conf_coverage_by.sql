@@ -2,7 +2,7 @@
 -- set size of the TEST units are then reported per value of the `coverage_by` column. Pooled over
 -- repeats: coverage = share of (repeat, test unit) pairs whose set holds the target.
 groups AS (
-    SELECT DISTINCT gid, {by_list} FROM {group_source}
+    SELECT DISTINCT gid, {by_list} FROM gkeys  -- the groups that have rows
 )
 SELECT {g_by} ts.cov AS {cov_name},
        count(*) / {repeats} AS n_test_mean, count(DISTINCT ts.rep)::BIGINT AS repeats_with_test,

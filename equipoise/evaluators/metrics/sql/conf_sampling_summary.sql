@@ -7,7 +7,7 @@ pool_counts AS (
 ),
 groups AS (  -- counted per gid first: `pools` has columns (run_id) that may also be grouping columns
     SELECT keys.*, pc.n_pools, pc.n_target_mismatch
-    FROM (SELECT DISTINCT gid, {by_list} FROM samp) keys
+    FROM (SELECT DISTINCT gid, {by_list} FROM gkeys) keys
     JOIN pool_counts pc USING (gid)
 ),
 all_stats AS (
