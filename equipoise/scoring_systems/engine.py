@@ -110,16 +110,16 @@ def _bounds_hold(x: float, ge: float | None, gt: float | None, le: float | None,
     )
 
 
-def _holder_holds(h: Band | Atom, x: float) -> bool:
+def _holder_holds(h: Band | Atom, x: Value) -> bool:
     """Whether a numeric value satisfies the bounds of a band or atom.
 
     A `Measured` finding given in the unit the bounds are published in is compared as given with
     the published numbers; any other value is compared in the input's unit with the bounds as
     converted there (`Band.bounds`: converted and rounded to the reporting precision).
     """
-    if x.__class__ is Measured and h.unit is not None and canonical(h.unit) == x.unit:  # type: ignore[attr-defined]
-        return _bounds_hold(x.given, h.ge, h.gt, h.le, h.lt)  # type: ignore[attr-defined]
-    return _bounds_hold(x, *h.bounds())
+    if isinstance(x, Measured) and h.unit is not None and canonical(h.unit) == x.unit:
+        return _bounds_hold(x.given, h.ge, h.gt, h.le, h.lt)
+    return _bounds_hold(float(x), *h.bounds())
 
 
 def condition_holds(cond: Condition, values: Mapping[str, Value]) -> bool:
@@ -130,7 +130,7 @@ def condition_holds(cond: Condition, values: Mapping[str, Value]) -> bool:
             return v == cond.eq
         if cond.in_ is not None:
             return v in cond.in_
-        return _holder_holds(cond, v if v.__class__ is Measured else float(v))
+        return _holder_holds(cond, v)
     if isinstance(cond, AnyOf):
         return any(condition_holds(c, values) for c in cond.any)
     if isinstance(cond, AllOf):
@@ -139,7 +139,7 @@ def condition_holds(cond: Condition, values: Mapping[str, Value]) -> bool:
     return not condition_holds(cond.not_, values)
 
 
-def _band_holds(band: Band, x: float) -> bool:
+def _band_holds(band: Band, x: Value) -> bool:
     return _holder_holds(band, x)
 
 
@@ -150,8 +150,7 @@ def item_points(item: Any, values: Mapping[str, Value]) -> float:
     if isinstance(item, CategoricalItem):
         return item.points[str(values[item.input])]
     if isinstance(item, NumericItem):
-        v = values[item.input]
-        x = v if v.__class__ is Measured else float(v)
+        x = values[item.input]
         for band in item.bands:
             if _band_holds(band, x):
                 return band.points
@@ -236,14 +235,11 @@ def numeric_finding(inp: NumericInput, raw: Any) -> float:
             f"finding '{key}' must be a number in {inp.unit}, or a number with its unit "
             f"(e.g. '{_fmt(inp.normal)} {inp.unit}'), got {raw!r}"
         ) from None
-    given = x
-    other_unit = unit is not None and canonical(unit) != canonical(inp.unit)
-    if other_unit:
-        assert unit is not None
-        if not math.isfinite(x):
-            raise FindingError(f"finding '{key}' must be finite, got {raw!r}")
+    as_given = x
+    other_unit = unit if unit is not None and canonical(unit) != canonical(inp.unit) else None
+    if other_unit is not None:
         try:
-            x = to_precision(convert(x, unit, inp.unit, inp.quantity), inp.precision)
+            x = to_precision(convert(x, other_unit, inp.unit, inp.quantity), inp.precision)
         except UnitError as exc:
             raise FindingError(f"finding '{key}' ({inp.label}, {inp.unit}): {exc}") from None
     if not math.isfinite(x):
@@ -254,7 +250,7 @@ def numeric_finding(inp: NumericInput, raw: Any) -> float:
             f"finding '{key}' = {_fmt(x)} {inp.unit}{given} is outside the possible range "
             f"{_fmt(inp.min)}..{_fmt(inp.max)} {inp.unit}"
         )
-    return Measured(x, given, unit) if other_unit and unit is not None else x
+    return x if other_unit is None else Measured(x, as_given, other_unit)
 
 
 # ---------------------------------------------------------------------------------------------
