@@ -183,34 +183,41 @@ def _live_views(con: duckdb.DuckDBPyConnection, suffix: str) -> None:
     con.execute(sql)
 
 
-def _unc_scores_into(con: duckdb.DuckDBPyConnection, create: bool) -> None:
-    """Per-item uncertainty scores of the runs the TEMP views ``scored``/``option_probs`` show,
-    read from the fact tables just written (not the joins again: less memory at 10M)."""
+def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
+    """Fill the fact tables from the source tables: every fact, replacing the tables (``todo``
+    None), or only the rows of the runs the SQL predicate ``todo`` selects, appended (their old
+    rows are already deleted). The per-item uncertainty scores read the fact rows just written,
+    not the joins again (less memory at 10M)."""
     from equipoise.evaluators.metrics.registry import STRATA
     from equipoise.evaluators.metrics.uncertainty import scores_sql
 
-    for pool in POOLS:
-        query = scores_sql(list(STRATA), {"pool": pool})
-        if create:
-            con.execute(f"CREATE OR REPLACE TABLE main.facts_unc_scores_{pool} AS {query}")
+    where = "" if todo is None else f" WHERE {todo}"
+
+    def fill(table: str, query: str) -> None:
+        if todo is None:
+            con.execute(f"CREATE OR REPLACE TABLE main.{table} AS {query}")
         else:
-            con.execute(f"INSERT INTO main.facts_unc_scores_{pool} BY NAME {query}")
+            con.execute(f"INSERT INTO main.{table} BY NAME {query}")
+
+    _live_views(con, "_live")
+    try:
+        fill("facts_scored", f"SELECT * FROM scored_live{where}")
+        fill("facts_option_probs", f"SELECT * FROM option_probs_live{where}")
+        con.execute(
+            f"""CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM main.facts_scored{where};
+               CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs{where};"""
+        )
+        for pool in POOLS:
+            fill(f"facts_unc_scores_{pool}", scores_sql(list(STRATA), {"pool": pool}))
+    finally:
+        con.execute(
+            """DROP VIEW IF EXISTS scored; DROP VIEW IF EXISTS option_probs;
+               DROP VIEW IF EXISTS scored_live; DROP VIEW IF EXISTS option_probs_live;"""
+        )
 
 
 def _refresh_all(con: duckdb.DuckDBPyConnection) -> None:
-    _live_views(con, "_live")
-    con.execute("CREATE OR REPLACE TABLE main.facts_scored AS SELECT * FROM scored_live")
-    con.execute("CREATE OR REPLACE TABLE main.facts_option_probs AS SELECT * FROM option_probs_live")
-    con.execute(
-        """CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM main.facts_scored;
-           CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs;"""
-    )
-    try:
-        _unc_scores_into(con, create=True)
-    finally:
-        con.execute(
-            "DROP VIEW scored; DROP VIEW option_probs; DROP VIEW scored_live; DROP VIEW option_probs_live"
-        )
+    _compute(con, None)
 
 
 def _refresh_runs(con: duckdb.DuckDBPyConnection) -> None:
@@ -224,23 +231,6 @@ def _refresh_runs(con: duckdb.DuckDBPyConnection) -> None:
     try:
         for t in FACT_TABLES:
             con.execute(f"DELETE FROM main.{t} WHERE run_id IN (SELECT run_id FROM _facts_stale)")
-        _live_views(con, "_live")
-        todo = "run_id IN (SELECT run_id FROM _facts_stale WHERE present)"
-        con.execute(f"INSERT INTO main.facts_scored BY NAME SELECT * FROM scored_live WHERE {todo}")
-        con.execute(
-            f"INSERT INTO main.facts_option_probs BY NAME SELECT * FROM option_probs_live WHERE {todo}"
-        )
-        con.execute(
-            f"""CREATE OR REPLACE TEMP VIEW scored AS
-                   SELECT * FROM main.facts_scored WHERE {todo};
-               CREATE OR REPLACE TEMP VIEW option_probs AS
-                   SELECT * FROM main.facts_option_probs WHERE {todo};"""
-        )
-        try:
-            _unc_scores_into(con, create=False)
-        finally:
-            con.execute(
-                "DROP VIEW scored; DROP VIEW option_probs; DROP VIEW scored_live; DROP VIEW option_probs_live"
-            )
+        _compute(con, "run_id IN (SELECT run_id FROM _facts_stale WHERE present)")
     finally:
         con.execute("DROP TABLE IF EXISTS _facts_stale")
