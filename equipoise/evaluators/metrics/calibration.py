@@ -148,14 +148,27 @@ def prepare_samples(
         con.execute(samples_sql(p))
         return
     strata = list(dict.fromkeys(STRATA if by is None else _check_by(by)))
-    table = f"_cal_samples_{_cache_key(p, strata)}"
+    cols = ", ".join([*(c for c in strata if c not in _CACHED_COLUMNS), *_CACHED_COLUMNS])
+    _view_of_cache(
+        con,
+        "cal_samples",
+        f"_cal_samples_{_cache_key(p, strata)}",
+        lambda src: samples_sql(p).replace("TEMP VIEW cal_samples", f"TEMP VIEW {src}", 1),
+        cols,
+    )
+
+
+def _view_of_cache(
+    con: duckdb.DuckDBPyConnection, view: str, table: str, create_src: Callable[[str], str], cols: str = "*"
+) -> None:
+    """Point TEMP view ``view`` at TEMP table ``table``, filling the table on first use from the
+    view that ``create_src(name)`` creates under ``name`` (``cols`` of it)."""
     if table not in temp_tables(con):
-        src = samples_sql(p).replace("TEMP VIEW cal_samples", f"TEMP VIEW {table}_src", 1)
-        cols = ", ".join([*(c for c in strata if c not in _CACHED_COLUMNS), *_CACHED_COLUMNS])
-        con.execute(src)
-        con.execute(f"CREATE TEMP TABLE {table} AS SELECT {cols} FROM {table}_src")
-        con.execute(f"DROP VIEW {table}_src")
-    con.execute(f"CREATE OR REPLACE TEMP VIEW cal_samples AS SELECT * FROM {table}")
+        src = f"{table}_src"
+        con.execute(create_src(src))
+        con.execute(f"CREATE TEMP TABLE {table} AS SELECT {cols} FROM {src}")
+        con.execute(f"DROP VIEW {src}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {table}")
 
 
 # not a registered metric: a shared first step, rendered like one (by, group_by, by_list)
@@ -176,12 +189,12 @@ def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[st
     if not _materialized(con):
         con.execute(render_sql(_BLOCKS, by, {"view": "cal_blocks"}))
         return
-    table = f"_cal_blocks_{_cache_key(p, by)}"
-    if table not in temp_tables(con):
-        con.execute(render_sql(_BLOCKS, by, {"view": f"{table}_src"}))
-        con.execute(f"CREATE TEMP TABLE {table} AS SELECT * FROM {table}_src")
-        con.execute(f"DROP VIEW {table}_src")
-    con.execute(f"CREATE OR REPLACE TEMP VIEW cal_blocks AS SELECT * FROM {table}")
+    _view_of_cache(
+        con,
+        "cal_blocks",
+        f"_cal_blocks_{_cache_key(p, by)}",
+        lambda src: render_sql(_BLOCKS, by, {"view": src}),
+    )
 
 
 def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], str]:
