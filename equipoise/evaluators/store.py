@@ -540,12 +540,15 @@ def insert_batch(
     batches: list[tuple[type[BaseModel], Sequence[BaseModel]]],
     tables: list[tuple[str, pa.Table]] | None = None,
     unique: bool = False,
+    selects: Sequence[tuple[str, Sequence[str], str]] = (),
+    run_ids: Sequence[str] | None = None,
 ) -> None:
     """Insert several tables' rows in ONE transaction: a prediction and its option scores are
     committed together or not at all, so a kill between them can never leave half a sample.
     ``tables`` takes already-built Arrow tables (bulk paths that skip per-row objects).
     ``unique=True`` says the caller has already checked that no key repeats within ``tables``
-    (the importer does), which spares the hot tables the in-batch de-duplication."""
+    (the importer does), which spares the hot tables the in-batch de-duplication. ``selects``
+    (see :func:`insert_selects`) are queries whose rows are appended last, in the same transaction."""
     todo = [(_TABLES[m], to_table(m, list(rows))) for m, rows in batches if rows]
     n_models = len(todo)
     todo += [(name, t) for name, t in (tables or []) if t.num_rows]
@@ -556,6 +559,8 @@ def insert_batch(
             con.register(view, table)
             con.execute(_append_sql(name, table.column_names, view, unique=unique and i >= n_models))
             con.unregister(view)
+        for name, columns, query in selects:
+            con.execute(_append_sql(name, columns, f"({query})", unique=True, run_ids=run_ids))
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
@@ -575,17 +580,4 @@ def insert_selects(
     both), so the rows never leave DuckDB: no Arrow copy out and back in."""
     if any(n not in HOT_KEYS for n, _, _ in selects):
         raise ValueError("insert_selects writes the hot tables only (predictions, option_scores)")
-    todo = [(_TABLES[m], to_table(m, list(rows))) for m, rows in batches if rows]
-    con.execute("BEGIN TRANSACTION")
-    try:
-        for i, (name, table) in enumerate(todo):
-            view = f"_incoming_{i}"
-            con.register(view, table)
-            con.execute(_append_sql(name, table.column_names, view))
-            con.unregister(view)
-        for name, columns, query in selects:
-            con.execute(_append_sql(name, columns, f"({query})", unique=True, run_ids=run_ids))
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
+    insert_batch(con, batches, selects=selects, run_ids=run_ids)
