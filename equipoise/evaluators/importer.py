@@ -382,11 +382,14 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
         return None  # anything DuckDB refuses is left to the checked path to name
     finally:
         con.unregister("_imp")
-        for name in ("_imp_runs", "_imp_labels", "_imp_parsed"):
+        for name in ("_imp_runs", "_imp_parsed"):
             con.unregister(name)
         con.execute(
             "DROP TABLE IF EXISTS _imp_keys; DROP TABLE IF EXISTS _imp_opt; DROP TABLE IF EXISTS _imp_rows"
         )
+
+
+_PAIR_SCANS = 16  # above this many (dataset, config) pairs, one scan of options for all of them
 
 
 def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSummary | None:
@@ -484,13 +487,9 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
     ]
     if len(named) > 63:
         return None  # more labels than bits: the record-by-record path judges such a file
-    con.register(
-        "_imp_labels",
-        pyarrow.table(
-            {"label": pyarrow.array(named, pyarrow.string()), "bit": [1 << b for b in range(len(named))]}
-        ),
-    )
     bit_of = {lab: 1 << b for b, lab in enumerate(named)}
+    lbit = " ".join(f"WHEN {_sql_str(k)} THEN {v}" for k, v in bit_of.items())
+    lbit = f"CASE label {lbit} ELSE 0 END" if bit_of else "0"
     pbit = " ".join(f"WHEN {_sql_str(k)} THEN {v}" for k, v in bit_of.items())
     pbit = f"CASE i.parsed_label {pbit} END" if bit_of else "NULL::BIGINT"
     keep = ", ".join(
@@ -508,14 +507,31 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
         )
     )
     # the bits of each stored item's options (and of its abstain options) among the named labels,
-    # for the items of the file's datasets; a record whose item is not there gets NULL
+    # for the items of the file's datasets; a record whose item is not there gets NULL. A file
+    # names few (dataset, config) pairs: one scan per pair, filtered on constants (DuckDB skips
+    # the other datasets' row groups) and grouped on item_id alone, costs about two thirds of one
+    # scan grouped on all three columns
+    pairs = con.execute("SELECT DISTINCT dataset_id, config FROM _imp_keys ORDER BY ALL").fetchall()
+    per_pair = [
+        f"""SELECT {_sql_str(did)} AS dataset_id, {_sql_str(cfg)} AS config, item_id,
+                   bit_or({lbit}) AS has,
+                   coalesce(bit_or({lbit}) FILTER (WHERE role = 'abstain'), 0) AS abstain
+            FROM options WHERE dataset_id = {_sql_str(did)} AND config = {_sql_str(cfg)}
+            GROUP BY item_id"""
+        for did, cfg in pairs
+        if did is not None and cfg is not None
+    ]
     con.execute(
-        """CREATE OR REPLACE TEMP TABLE _imp_opt AS
-           SELECT o.dataset_id, o.config, o.item_id, coalesce(bit_or(l.bit), 0) AS has,
-                  coalesce(bit_or(l.bit) FILTER (WHERE o.role = 'abstain'), 0) AS abstain
-           FROM options o LEFT JOIN _imp_labels l ON l.label = o.label
-           WHERE (o.dataset_id, o.config) IN (SELECT DISTINCT dataset_id, config FROM _imp_keys)
-           GROUP BY ALL"""
+        "CREATE OR REPLACE TEMP TABLE _imp_opt AS "
+        + (
+            " UNION ALL ".join(per_pair)
+            if per_pair and len(per_pair) <= _PAIR_SCANS
+            else f"""SELECT dataset_id, config, item_id, bit_or({lbit}) AS has,
+                            coalesce(bit_or({lbit}) FILTER (WHERE role = 'abstain'), 0) AS abstain
+                     FROM options
+                     WHERE (dataset_id, config) IN (SELECT DISTINCT dataset_id, config FROM _imp_keys)
+                     GROUP BY ALL"""
+        )
     )
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _imp_rows AS
@@ -574,12 +590,20 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
         parsed_join = (
             "LEFT JOIN (SELECT NULL::BIGINT, NULL, NULL, NULL) q(rn, label, method, outcome) USING (rn)"
         )
-    run_ids = pyarrow.table({"rix": pyarrow.array(range(len(run_list)), pyarrow.int32()), "run_id": run_list})
-    con.register("_imp_run_ids", run_ids)
+    # the run id of each row: a literal when the file holds one run (no join at all), else a join
+    # of the small run index
+    if len(run_list) == 1:
+        run_src, run_col = "_imp_rows r", f"{_sql_str(run_list[0])} AS run_id"
+    else:
+        run_ids = pyarrow.table(
+            {"rix": pyarrow.array(range(len(run_list)), pyarrow.int32()), "run_id": run_list}
+        )
+        con.register("_imp_run_ids", run_ids)
+        run_src, run_col = "_imp_rows r JOIN _imp_run_ids n USING (rix)", "n.run_id"
     try:
         pred_cols = list(PredictionRow.model_fields)
         pred_sql = f"""
-            SELECT n.run_id, r.item_id, r.sample_index::INTEGER AS sample_index, r.raw_output,
+            SELECT {run_col}, r.item_id, r.sample_index::INTEGER AS sample_index, r.raw_output,
                    coalesce(r.parsed_label, q.label) AS parsed_label,
                    CASE WHEN r.parsed_label IS NULL THEN q.method ELSE 'imported' END AS parse_method,
                    CASE WHEN r.parsed_label IS NULL THEN q.outcome
@@ -588,22 +612,27 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
                    list_min(r.tl) AS token_logprob_min,
                    coalesce(r.n_output_tokens, nullif(len(r.tl), 0))::INTEGER AS n_output_tokens,
                    r.latency_ms, NULL::VARCHAR AS error
-            FROM _imp_rows r JOIN _imp_run_ids n USING (rix)
+            FROM {run_src}
             {parsed_join}"""
         selects = [("predictions", pred_cols, pred_sql)]
         if labels:
-            score_sql = " UNION ALL ".join(
-                f"SELECT n.run_id, r.item_id, r.sample_index::INTEGER AS sample_index, "
-                f"{_sql_str(lab)} AS label, r.{c} AS logprob "
-                f"FROM _imp_rows r JOIN _imp_run_ids n USING (rix) WHERE r.{c} IS NOT NULL"
-                for lab, c in zip(labels, lp, strict=True)
-            )
+            # one pass over the rows, each fanned out to its scored labels by UNNEST (a UNION ALL
+            # of one scan per label read the rows once per label and wrote a sample's scores far
+            # apart); a label the record does not score is dropped by the outer filter
+            score_sql = f"""
+                SELECT * FROM (
+                    SELECT {run_col}, r.item_id, r.sample_index::INTEGER AS sample_index,
+                           unnest([{", ".join(_sql_str(lab) for lab in labels)}]) AS label,
+                           unnest([{", ".join(f"r.{c}" for c in lp)}]) AS logprob
+                    FROM {run_src})
+                WHERE logprob IS NOT NULL"""
             selects.append(("option_scores", list(OptionScoreRow.model_fields), score_sql))
         before = _one(con, "SELECT count(*) FROM predictions")
         insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list)
         after = _one(con, "SELECT count(*) FROM predictions")
     finally:
-        con.unregister("_imp_run_ids")
+        if len(run_list) > 1:
+            con.unregister("_imp_run_ids")
     n = _one(con, "SELECT count(*) FROM _imp_rows")
     return ImportSummary(rows=int(n), added=int(after - before), runs=sorted(runs))
 
