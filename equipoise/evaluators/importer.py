@@ -15,8 +15,10 @@ Two paths, one behaviour. A valid file is imported column by column (:func:`_fas
 parses the whole JSONL or Parquet file into typed columns, DuckDB reads them in place and checks
 every constraint above as a set operation (types, ranges, patterns, finiteness once per row; the
 run fields once per distinct run; stored dataset / item / labels through one bitmask of each
-item's options; repeated keys), then inserts the rows straight from SQL; only records without a
-``parsed_label`` go through the answer parser one by one. Whenever that path is not certain a file
+item's options; repeated keys), then inserts the rows straight from SQL (option scores by one
+UNNEST pass over the records; a run with no stored rows yet is appended without the anti-join
+against stored keys); only records without a ``parsed_label`` go through the answer parser one
+by one. Whenever that path is not certain a file
 is valid (any check fails, a type it does not expect, a ``null`` that JSON could mean as "absent"),
 it writes nothing and the record-by-record path (pydantic per record) runs instead and names the
 first problem by file, line and field. Both paths write identical rows (tested on files of every
@@ -212,6 +214,7 @@ _SCALARS = pyarrow.schema(
 _AMBIGUOUS_NULL = re.compile(
     rb'"(?:backend|prompt_style|sample_index)"\s*:\s*null|"option_logprobs"\s*:\s*\{[^}]*null'
 )
+_NULL = re.compile(rb"null")  # a plain literal: a fast scan that spares most files the regex above
 _RUN_KEY = (
     "model",
     "backend",
@@ -237,7 +240,7 @@ _SAMPLE_BYTES = 1 << 20
 _DEFAULTED = ("backend", "prompt_style", "sample_index")
 
 
-def _parse_jsonl(data: bytes) -> pyarrow.Table:
+def _parse_jsonl(data: pyarrow.Buffer) -> pyarrow.Table:
     """JSONL text as an Arrow table: the scalar fields typed by :data:`_SCALARS`, the nested ones
     (``option_logprobs`` with its free keys, ``token_logprobs``) inferred.
 
@@ -248,14 +251,16 @@ def _parse_jsonl(data: bytes) -> pyarrow.Table:
     means: parse again with inference, exactly as a small file is parsed. A defaulted field
     (``backend``, ``prompt_style``, ``sample_index``) that is null in the whole sample is left out
     of the schema, so a successful parse also proves the key never occurs, which spares the
-    null-vs-absent scan of the text."""
+    null-vs-absent scan of the text.
+
+    ``data`` is an Arrow buffer (the caller maps the file into memory): Arrow parses it in place,
+    without a copy of the whole file as Python bytes; only the head is copied, to find its last
+    line break."""
     infer = pyarrow.json.ParseOptions(explicit_schema=_SCALARS, unexpected_field_behavior="infer")
-    cut = data.rfind(b"\n", 0, _SAMPLE_BYTES)
-    if 0 < cut < len(data) - 1:
+    cut = data.slice(0, min(_SAMPLE_BYTES, data.size)).to_pybytes().rfind(b"\n")
+    if 0 < cut < data.size - 1:
         try:
-            head = pyarrow.json.read_json(
-                pyarrow.BufferReader(pyarrow.py_buffer(data).slice(0, cut + 1)), parse_options=infer
-            )
+            head = pyarrow.json.read_json(pyarrow.BufferReader(data.slice(0, cut + 1)), parse_options=infer)
             schema = pyarrow.schema(
                 [
                     f
@@ -293,13 +298,15 @@ def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
         if path.suffix == ".parquet":
             table = pq.read_table(path)
         else:
-            with path.open("rb") as f:
-                data = f.read()
-            table = _parse_jsonl(data)
-            # the null-vs-absent regex over the whole text runs only when the columns leave it open
-            if _null_may_be_ambiguous(table) and b"null" in data and _AMBIGUOUS_NULL.search(data):
-                return None
-            del data
+            with pyarrow.memory_map(str(path)) as f:
+                data = f.read_buffer()
+                table = _parse_jsonl(data)
+                # the null-vs-absent regex over the whole text runs only when the columns leave
+                # it open
+                text = memoryview(data)
+                if _null_may_be_ambiguous(table) and _NULL.search(text) and _AMBIGUOUS_NULL.search(text):
+                    return None
+                del text, data
     except (OSError, pyarrow.ArrowException, UnicodeDecodeError, ValueError):
         return None
     if not set(table.column_names) <= allowed:
@@ -326,7 +333,7 @@ def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
             if field.name in defaults:
                 col = pyarrow.compute.fill_null(col, defaults[field.name])
         elif field.name in defaults:
-            col = pyarrow.array([defaults[field.name]] * table.num_rows, type=field.type)
+            col = pyarrow.repeat(pyarrow.scalar(defaults[field.name], field.type), table.num_rows)
         else:
             col = pyarrow.nulls(table.num_rows, type=field.type)
         cols[field.name] = col
