@@ -389,11 +389,9 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
         return None  # anything DuckDB refuses is left to the checked path to name
     finally:
         con.unregister("_imp")
-        for name in ("_imp_runs", "_imp_parsed"):
+        for name in ("_imp_runs", "_imp_pairs", "_imp_parsed"):
             con.unregister(name)
-        con.execute(
-            "DROP TABLE IF EXISTS _imp_keys; DROP TABLE IF EXISTS _imp_opt; DROP TABLE IF EXISTS _imp_rows"
-        )
+        con.execute("DROP TABLE IF EXISTS _imp_keys; DROP TABLE IF EXISTS _imp_rows")
 
 
 _PAIR_SCANS = 16  # above this many (dataset, config) pairs, one scan of options for all of them
@@ -462,6 +460,11 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
     # each record's run, as a small integer: joined on the run columns that differ between keys
     # only (a column with one value in the whole file tells no record apart)
     varying = [i for i, _ in enumerate(_RUN_KEY) if len({k[i] for k in keys}) > 1]
+    # each (dataset, config) pair of the file as a small integer too: a record finds its item's
+    # options by (pair, item_id), not by hashing and comparing the 64-character dataset id
+    pix_of: dict[tuple[str, str], int] = {}
+    for k in keys:
+        pix_of.setdefault((k[6], k[7]), len(pix_of))
     if varying:
         rix = [run_list.index(r) for r in key_runs]
         runs_t = pyarrow.table(
@@ -471,6 +474,7 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
                     for i in varying
                 },
                 "rix": pyarrow.array(rix, pyarrow.int32()),
+                "pix": pyarrow.array([pix_of[k[6], k[7]] for k in keys], pyarrow.int32()),
             }
         )
         con.register("_imp_runs", runs_t)
@@ -479,9 +483,9 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
             f"k.k{i} {'IS NOT DISTINCT FROM' if _RUN_KEY[i] == 'temperature' else '='} i.{_RUN_KEY[i]}"
             for i in varying
         )
-        run_join, rix_col = f"JOIN _imp_runs k ON {on}", "k.rix"
+        run_join, rix_col, pix_col = f"JOIN _imp_runs k ON {on}", "k.rix", "k.pix"
     else:
-        run_join, rix_col = "", "0"
+        run_join, rix_col, pix_col = "", "0", "0"
     # the labels this file names (scored or given as parsed_label), one bit each: every stored
     # item of the file's datasets gets the bits of its options and of its abstain options
     named = list(labels)
@@ -517,35 +521,33 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
     # for the items of the file's datasets; a record whose item is not there gets NULL. A file
     # names few (dataset, config) pairs: one scan per pair, filtered on constants (DuckDB skips
     # the other datasets' row groups) and grouped on item_id alone, costs about two thirds of one
-    # scan grouped on all three columns
-    pairs = con.execute("SELECT DISTINCT dataset_id, config FROM _imp_keys ORDER BY ALL").fetchall()
-    per_pair = [
-        f"""SELECT {_sql_str(did)} AS dataset_id, {_sql_str(cfg)} AS config, item_id,
-                   bit_or({lbit}) AS has,
-                   coalesce(bit_or({lbit}) FILTER (WHERE role = 'abstain'), 0) AS abstain
-            FROM options WHERE dataset_id = {_sql_str(did)} AND config = {_sql_str(cfg)}
-            GROUP BY item_id"""
-        for did, cfg in pairs
-        if did is not None and cfg is not None
-    ]
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE _imp_opt AS "
-        + (
-            " UNION ALL ".join(per_pair)
-            if per_pair and len(per_pair) <= _PAIR_SCANS
-            else f"""SELECT dataset_id, config, item_id, bit_or({lbit}) AS has,
-                            coalesce(bit_or({lbit}) FILTER (WHERE role = 'abstain'), 0) AS abstain
-                     FROM options
-                     WHERE (dataset_id, config) IN (SELECT DISTINCT dataset_id, config FROM _imp_keys)
-                     GROUP BY ALL"""
+    # scan grouped on all three columns. The aggregate feeds the join directly (not stored first).
+    bits = f"bit_or({lbit}) AS has, coalesce(bit_or({lbit}) FILTER (WHERE role = 'abstain'), 0) AS abstain"
+    if len(pix_of) <= _PAIR_SCANS:
+        opt_sql = " UNION ALL ".join(
+            f"""SELECT {pix}::INTEGER AS pix, item_id, {bits} FROM options
+                WHERE dataset_id = {_sql_str(did)} AND config = {_sql_str(cfg)} GROUP BY item_id"""
+            for (did, cfg), pix in pix_of.items()
         )
-    )
+    else:
+        con.register(
+            "_imp_pairs",
+            pyarrow.table(
+                {
+                    "dataset_id": [d for d, _ in pix_of],
+                    "config": [c for _, c in pix_of],
+                    "pix": pyarrow.array(list(pix_of.values()), pyarrow.int32()),
+                }
+            ),
+        )
+        opt_sql = f"""SELECT p.pix, o.item_id, {bits}
+                      FROM options o JOIN _imp_pairs p ON p.dataset_id = o.dataset_id AND p.config = o.config
+                      GROUP BY p.pix, o.item_id"""
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _imp_rows AS
             SELECT {keep}, {rix_col} AS rix, o.has, o.abstain, {pbit} AS pbit
             FROM _imp i {run_join}
-            LEFT JOIN _imp_opt o
-              ON o.dataset_id = i.dataset_id AND o.config = i.config AND o.item_id = i.item_id"""
+            LEFT JOIN ({opt_sql}) o ON o.pix = {pix_col} AND o.item_id = i.item_id"""
     )
     # every record's item is stored (has options), its parsed label and scored labels are options
     # of it, and no (run, item, sample) repeats
