@@ -203,6 +203,51 @@ def test_columnar_import_writes_what_the_checked_path_writes(nota, tmp_path, mon
     slow_con.close()
 
 
+def test_one_options_scan_for_many_datasets_writes_the_same_rows(nota, tmp_path, monkeypatch):
+    """The options of a file's items are read one (dataset, config) pair at a time up to
+    _PAIR_SCANS pairs, in one scan beyond: both ways write what the checked path writes."""
+    import equipoise.evaluators.importer as imp
+
+    f = _write_jsonl(tmp_path / "p.jsonl", _variety(nota))
+    stored = {}
+    for name, limit in (("per_pair", 16), ("one_scan", 0)):
+        monkeypatch.setattr(imp, "_PAIR_SCANS", limit)
+        con = connect(tmp_path / f"{name}.duckdb")
+        register(con, nota, "plus_nota")
+        assert imp._fast_import(con, f) is not None
+        stored[name] = _stored(con)
+        con.close()
+    slow_con = connect(tmp_path / "slow.duckdb")
+    register(slow_con, nota, "plus_nota")
+    import_predictions(slow_con, f, fast=False)
+    assert stored["per_pair"] == stored["one_scan"] == _stored(slow_con)
+    slow_con.close()
+
+
+def test_a_partly_stored_run_gets_only_its_missing_rows(nota, tmp_path):
+    """A run with rows already stored is written through the anti-join; a run with none is
+    appended directly. Both in one file: only the missing keys are added, nothing is doubled."""
+    import equipoise.evaluators.importer as imp
+
+    recs = _records(nota)
+    other = [dict(r, model="second-model") for r in recs[:3]]
+    con = _store(tmp_path, nota)
+    assert imp._fast_import(con, _write_jsonl(tmp_path / "half.jsonl", recs[:4])).added == 4
+    done = imp._fast_import(con, _write_jsonl(tmp_path / "all.jsonl", recs + other))
+    assert done is not None and done.rows == 13 and done.added == 9
+    assert scalar(con, "SELECT count(*) FROM predictions") == 13
+    n_scores = sum(len(r["option_logprobs"]) for r in recs + other)
+    assert scalar(con, "SELECT count(*) FROM option_scores") == n_scores
+    assert (
+        scalar(
+            con,
+            "SELECT count(*) FROM (SELECT DISTINCT run_id, item_id, sample_index, label FROM option_scores)",
+        )
+        == n_scores
+    )
+    con.close()
+
+
 @pytest.mark.parametrize(
     "mutate",
     [

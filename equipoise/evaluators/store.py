@@ -528,6 +528,14 @@ def _append_sql(
     """
 
 
+def _holds_runs(con: duckdb.DuckDBPyConnection, name: str, run_ids: Sequence[str]) -> bool:
+    """Whether hot table ``name`` already holds a row of any of ``run_ids``: when it does not, a
+    batch whose keys are known unique can be appended without the anti-join (which would hash
+    every incoming key only to find nothing)."""
+    among = ", ".join("'" + r.replace("'", "''") + "'" for r in run_ids)
+    return bool(con.execute(f"SELECT 1 FROM {name} WHERE run_id IN ({among}) LIMIT 1").fetchall())
+
+
 def insert(con: duckdb.DuckDBPyConnection, model: type[BaseModel], rows: Sequence[BaseModel]) -> int:
     """Insert validated rows (pydantic) in one transaction; returns rows added."""
     if not rows:
@@ -560,7 +568,11 @@ def insert_batch(
             con.execute(_append_sql(name, table.column_names, view, unique=unique and i >= n_models))
             con.unregister(view)
         for name, columns, query in selects:
-            con.execute(_append_sql(name, columns, f"({query})", unique=True, run_ids=run_ids))
+            if run_ids and not _holds_runs(con, name, run_ids):
+                # no stored row of these runs: nothing to compare against, a plain append
+                con.execute(f"INSERT INTO {name} ({', '.join(columns)}) {query}")
+            else:
+                con.execute(_append_sql(name, columns, f"({query})", unique=True, run_ids=run_ids))
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")
