@@ -7,8 +7,9 @@ sample of ``scored``, with
 - ``confidence`` (param ``confidence``):
 
   - ``'chosen_prob'`` (default): the probability of the parsed option in ``option_probs`` (softmax over
-    the item's scored options), i.e. the model's probability for its own answer. With greedy decoding
-    and every option scored this is the maximum option probability;
+    the item's scored options; read from the per-sample fact ``sample_probs``), i.e. the model's
+    probability for its own answer. With greedy decoding and every option scored this is the maximum
+    option probability;
   - ``'target_prob'``: the probability of the target option;
   - ``'token_mean'``: ``exp(token_logprob_mean)``, the geometric mean of the output tokens'
     probabilities;
