@@ -7,8 +7,9 @@ sample of ``scored``, with
 - ``confidence`` (param ``confidence``):
 
   - ``'chosen_prob'`` (default): the probability of the parsed option in ``option_probs`` (softmax over
-    the item's scored options), i.e. the model's probability for its own answer. With greedy decoding
-    and every option scored this is the maximum option probability;
+    the item's scored options; read from the per-sample fact ``sample_probs``), i.e. the model's
+    probability for its own answer. With greedy decoding and every option scored this is the maximum
+    option probability;
   - ``'target_prob'``: the probability of the target option;
   - ``'token_mean'``: ``exp(token_logprob_mean)``, the geometric mean of the output tokens'
     probabilities;
@@ -67,14 +68,16 @@ from equipoise.evaluators.metrics.registry import (
     temp_tables,
 )
 
+# the chosen / target option's probability is a per-sample fact (sample_probs.sql): a 1:1 join on
+# the sample's key instead of searching the per-option rows of option_probs for the label
 _PROB_JOIN = (
-    "LEFT JOIN option_probs op ON op.run_id = sc.run_id AND op.item_id = sc.item_id "
-    "AND op.sample_index = sc.sample_index AND op.label = {label}"
+    "LEFT JOIN sample_probs sp ON sp.run_id = sc.run_id AND sp.item_id = sc.item_id "
+    "AND sp.sample_index = sc.sample_index"
 )
 # confidence name -> (join, expression)
 CONFIDENCES: dict[str, tuple[str, str]] = {
-    "chosen_prob": (_PROB_JOIN.format(label="sc.parsed_label"), "op.prob"),
-    "target_prob": (_PROB_JOIN.format(label="sc.target_label"), "op.prob"),
+    "chosen_prob": (_PROB_JOIN, "sp.chosen_prob"),
+    "target_prob": (_PROB_JOIN, "sp.target_prob"),
     "token_mean": ("", "exp(sc.token_logprob_mean)"),
 }
 SAMPLES: dict[str, str] = {"all": "true", "first": "sc.sample_index = 0"}

@@ -8,6 +8,9 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
 
 - ``facts_scored``            = the ``scored`` relation (one row per prediction sample);
 - ``facts_option_probs``      = the ``option_probs`` relation (one row per scored option);
+- ``facts_sample_probs``      = the ``sample_probs`` relation (``sql/sample_probs.sql``: per sample,
+  chosen- and target-option probability and the multi-class Brier term, so that the calibration
+  metrics join one row per sample instead of searching or aggregating ``option_probs``);
 - ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool.
 
 Every fact row belongs to one run and depends only on that run's rows (its ``runs`` row, its
@@ -48,6 +51,7 @@ POOLS: tuple[str, ...] = ("item", "base")
 FACT_TABLES: tuple[str, ...] = (
     "facts_scored",
     "facts_option_probs",
+    "facts_sample_probs",
     *(f"facts_unc_scores_{p}" for p in POOLS),
 )
 META_KEY = "facts_fingerprint"
@@ -61,7 +65,8 @@ def _definitions() -> str:
     from equipoise.evaluators.metrics.registry import SQL_DIR
 
     texts = [str(FACTS_FORMAT), uncertainty.CONFIDENCE_RE, uncertainty.HEDGE_RE]
-    texts += [(SQL_DIR / f).read_text(encoding="utf-8") for f in ("base_views.sql", "unc_scores.sql")]
+    files = ("base_views.sql", "sample_probs.sql", "unc_scores.sql")
+    texts += [(SQL_DIR / f).read_text(encoding="utf-8") for f in files]
     return "\x1e".join(texts)
 
 
@@ -188,7 +193,7 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
     None), or only the rows of the runs the SQL predicate ``todo`` selects, appended (their old
     rows are already deleted). The per-item uncertainty scores read the fact rows just written,
     not the joins again (less memory at 10M)."""
-    from equipoise.evaluators.metrics.registry import STRATA
+    from equipoise.evaluators.metrics.registry import STRATA, sample_probs_sql
     from equipoise.evaluators.metrics.uncertainty import scores_sql
 
     where = "" if todo is None else f" WHERE {todo}"
@@ -207,6 +212,8 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
             f"""CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM main.facts_scored{where};
                CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs{where};"""
         )
+        # from the two fact tables just written (filtered to the runs being refreshed): per sample
+        fill("facts_sample_probs", sample_probs_sql())
         for pool in POOLS:
             fill(f"facts_unc_scores_{pool}", scores_sql(list(STRATA), {"pool": pool}))
     finally:

@@ -73,7 +73,7 @@ def register(metric: Metric) -> Metric:
     return metric
 
 
-BASE_RELATIONS = ("scored", "option_probs")
+BASE_RELATIONS = ("scored", "option_probs", "sample_probs")
 
 
 def temp_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
@@ -97,7 +97,8 @@ def uses_facts(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
-    """Create the base relations ``scored`` and ``option_probs`` (TEMP, so read-only stores work).
+    """Create the base relations ``scored``, ``option_probs`` and ``sample_probs`` (TEMP, so
+    read-only stores work).
 
     By default they are views, recomputed by every metric query: always current, right for a
     connection that also writes. ``materialize=True`` computes them once into TEMP tables for the
@@ -112,13 +113,21 @@ def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
         con.execute(
             f"""CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM main.facts_scored;
             CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs;
+            CREATE OR REPLACE TEMP VIEW sample_probs AS SELECT * FROM main.facts_sample_probs;
             CREATE TEMP TABLE {FACTS_MARK} (x INTEGER);"""
         )
         return
     sql = (SQL_DIR / "base_views.sql").read_text(encoding="utf-8")
+    sql = sql.rstrip().rstrip(";") + ";\nCREATE OR REPLACE TEMP VIEW sample_probs AS\n" + sample_probs_sql()
     if materialize:
         sql = sql.replace("CREATE OR REPLACE TEMP VIEW", "CREATE OR REPLACE TEMP TABLE")
     con.execute(sql)
+
+
+def sample_probs_sql() -> str:
+    """The ``sample_probs`` relation (``sql/sample_probs.sql``): per-sample facts of ``option_probs``
+    (a SELECT over the relations ``scored`` and ``option_probs``)."""
+    return (SQL_DIR / "sample_probs.sql").read_text(encoding="utf-8")
 
 
 def _check_by(by: Sequence[str]) -> list[str]:

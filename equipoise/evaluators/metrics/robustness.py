@@ -78,7 +78,7 @@ from equipoise.evaluators.metrics.registry import (
 
 DEFAULT_BY: tuple[str, ...] = ("model", "prompt_style")
 UNCERTAINTY: dict[str, tuple[str, str]] = {
-    "option_prob": ("1 - op.prob", "1 - p(chosen option) over the scored options"),
+    "option_prob": ("1 - op.chosen_prob", "1 - p(chosen option) over the scored options"),
     "token_mean": ("-s.token_logprob_mean", "-token_logprob_mean (average token NLL)"),
 }
 _VARIANT_RE = re.compile(r"^[A-Za-z0-9_.:+-]+$")

@@ -4,18 +4,12 @@
 -- parsed letter, so a fully scored sample counts whatever its parse (n_used_unparsed says how many
 -- such samples were used). Samples with some but not all options scored (n_partial) or none
 -- (n_unscored) are excluded and counted; coverage = n / n_total.
-WITH per AS (
-    SELECT run_id, item_id, sample_index,
-           count(*)                                  AS n_scored,
-           sum((prob - is_target::DOUBLE) ^ 2)       AS bs
-    FROM option_probs
-    GROUP BY run_id, item_id, sample_index
-),
-s AS (
-    SELECT cs.*, per.n_scored, per.bs,
+-- The per-sample count and Brier term are write-time facts (sample_probs.sql).
+WITH s AS (
+    SELECT cs.*, per.n_scored, per.brier_mc AS bs,
            coalesce(per.n_scored = cs.n_options, false) AS full_cover
     FROM cal_samples cs
-    LEFT JOIN per ON per.run_id = cs.run_id AND per.item_id = cs.item_id
+    LEFT JOIN sample_probs per ON per.run_id = cs.run_id AND per.item_id = cs.item_id
                  AND per.sample_index = cs.sample_index
 )
 SELECT {by}

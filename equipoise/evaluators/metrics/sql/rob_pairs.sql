@@ -20,9 +20,8 @@ WITH s AS (
 )
 SELECT s.*, {uncertainty_expr} AS uncertainty
 FROM s
-LEFT JOIN option_probs op
-       ON op.run_id = s.run_id AND op.item_id = s.item_id AND op.sample_index = s.sample_index
-      AND op.label = s.parsed_label;
+LEFT JOIN sample_probs op  -- the chosen option's probability is a per-sample fact (sample_probs.sql)
+       ON op.run_id = s.run_id AND op.item_id = s.item_id AND op.sample_index = s.sample_index;
 
 CREATE OR REPLACE TEMP VIEW rob_pairs AS
 SELECT b.model, b.backend, b.prompt_style, b.suite, b.variant, b.config, b.k, b.framing, b.system_id,
