@@ -8,7 +8,8 @@
 -- Work stays on the wide per-item rows as long as it can: the md5 split is taken once per item,
 -- the bounds are one grouped aggregate ({bound_aggregates}: per score n__x, lo__x, hi__x over the
 -- held-out rows), joined to the items of their group (NULL group values match, as in GROUP BY),
--- and only the kept rows are unpivoted to one row per score at the end.
+-- and only the kept rows are unpivoted to one row per score at the end. wide is MATERIALIZED so
+-- that its two consumers do not each hash every item's split key with md5.
 --
 -- The rows come out ordered by (strata, run_id, item_id, score) without sorting the long rows: the
 -- kept wide rows are sorted ({order_by}: one row per item, (number of scores) times fewer rows to
@@ -18,7 +19,7 @@
 WITH sc AS (
 {scores_sql}
 ),
-wide AS (
+wide AS MATERIALIZED (
     SELECT {strata} run_id, item_id,
            ('0x' || substr(md5({split_key}), 1, 8))::UBIGINT / 4294967296.0 < {holdout_fraction} AS in_holdout,
            {score_casts}
