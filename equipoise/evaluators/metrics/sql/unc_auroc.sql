@@ -10,12 +10,10 @@
 -- value being the mean of its first and last rank. That is the same number as the trapezoidal area
 -- under the ROC curve (scikit-learn's roc_auc_score), and an exact integer until the one division.
 -- Both ranks come from one sort per (group, score) in a single window pass over the per-item rows:
--- rank() is the first rank (1 + items below), and the last rank (items at or below) is
--- cume_dist() times the partition's size, rounded: cume_dist is that count divided by the size in
--- floating point, so the product is within a relative 2^-52 of the integer and rounds back to it
--- exactly for any partition below 2^51 rows. Undefined scores (NULL or NaN) sort last, after every
--- defined value, so they shift no defined item's ranks; they are counted in n_undefined and left
--- out of the sums. This replaced a hash aggregate to one row per distinct value followed by a framed
+-- rank() is the first rank (1 + items below), and count(*) over the default frame (RANGE from the
+-- start through the current row's last peer) is the last rank (items at or below). Undefined
+-- scores (NULL or NaN) sort last, after every defined value, so they shift no defined item's
+-- ranks; they are counted in n_undefined and left out of the sums. This replaced a hash aggregate to one row per distinct value followed by a framed
 -- running sum over those rows: with continuous scores nearly every value is distinct, so the
 -- aggregate saved few rows and the framed window cost more than the ranking functions' plain sort.
 -- The sort runs on one integer key per (group, score), _part = _gid * {n_scores} + score position,
@@ -34,8 +32,8 @@ long AS (
 ),
 ranked AS (
     SELECT _part, _incorrect, _v,
-           rank() OVER w                                                   AS _first,
-           round(cume_dist() OVER w * count(*) OVER (PARTITION BY _part))::BIGINT AS _last
+           rank() OVER w   AS _first,
+           count(*) OVER w AS _last
     FROM (SELECT _part, _incorrect, CASE WHEN NOT isnan(_u) THEN _u END AS _v FROM long)
     WINDOW w AS (PARTITION BY _part ORDER BY _v ASC NULLS LAST)
 ),
