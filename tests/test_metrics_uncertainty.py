@@ -606,6 +606,18 @@ def test_normalized_matches_numpy(store, split_key, fraction):
     assert not default.in_holdout.any() and len(default) == (~got.in_holdout).sum()
 
 
+def test_normalized_rows_come_sorted(store):
+    """The long rows are sorted without a sort over them (the wide rows are sorted, then unpivoted
+    in score-name order): they must still come out exactly as ORDER BY strata, run_id, item_id,
+    score would put them, with the scores given in any order."""
+    params = {"scores": ["n_wait", "avg_nll", "semantic_entropy"], "include_holdout": True}
+    for by in (["model"], ["config", "run_id"], []):
+        got = _compute(store, "unc_normalized", by, params)
+        keys = [*(b for b in by if b != "run_id"), "run_id", "item_id", "score"]
+        assert len(got) == 480 * 3
+        assert got[keys].equals(got.sort_values(keys)[keys].reset_index(drop=True)), by
+
+
 def test_normalized_degenerate_and_empty_holdout(crafted):
     got = _compute(crafted, "unc_normalized", ["model"], {"include_holdout": True, "holdout_fraction": 0.5})
     sc = got[got.score == "semantic_entropy"]

@@ -265,9 +265,12 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
         bounds_join=bounds_join,
         bound_columns=bound_columns,
         keep="true" if params["include_holdout"] else "NOT in_holdout",
-        unpivot_in=_unpivot_in(cols, ("", "n", "lo", "hi")),
-        # (run_id, item_id, score) is unique: the same order as ORDER BY ALL on fewer keys
-        order_by="ORDER BY " + ", ".join(str(i) for i in range(1, len([b for b in by if b != "run_id"]) + 4)),
+        # by score name: the unpivot emits each item's scores in this order (see the SQL)
+        unpivot_in=_unpivot_in(sorted(cols), ("", "n", "lo", "hi")),
+        # (run_id, item_id) is unique per wide row: with the sorted IN list, the same order as
+        # ORDER BY ALL on the long rows
+        order_by="ORDER BY "
+        + ", ".join(f"wide.{c}" for c in [*(b for b in by if b != "run_id"), "run_id", "item_id"]),
     )
 
 

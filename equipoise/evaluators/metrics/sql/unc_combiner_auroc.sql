@@ -5,7 +5,10 @@
 -- _unc_combiner_preds holds the test rows: the group number _gid, the label and one column per
 -- combiner ({combiner_list}). As in unc_auroc.sql the rows collapse to counts per distinct value
 -- and one running sum over an integer (group, combiner) key gives the negatives below each value;
--- the numerator sum(pos(v) * (2 neg(< v) + neg(v))) is an exact integer, divided once.
+-- the numerator sum(pos(v) * (2 neg(< v) + neg(v))) is an exact integer, divided once. Unlike
+-- unc_auroc.sql (one window sort over the per-item rows), the per-value aggregate pays here: the
+-- combiners read a few integer features, so their predictions repeat a lot and the rows collapse
+-- (measured: the per-item ranking took about 20% more CPU at 1M predictions).
 WITH long AS (
     SELECT _gid * {n_combiners} + _k AS _part, incorrect, _u
     FROM (SELECT _gid, incorrect, unnest([{combiner_list}]) AS _u, unnest(range({n_combiners})) AS _k

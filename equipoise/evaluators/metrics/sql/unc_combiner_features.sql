@@ -9,10 +9,12 @@
 -- groups by an integer. Sorted by (strata, run_id, item_id), which is unique, so the rows of a
 -- group are in (run_id, item_id) order; {select} is every column, or for fitting alone (sorted by
 -- _gid, run_id, item_id: the same order within a group) the group, label, split and scaled features.
+-- base is MATERIALIZED: it feeds three consumers, and inlined each would hash every item's split
+-- key with md5 again (most of this query's cost).
 WITH sc AS (
 {scores_sql}
 ),
-base AS (
+base AS MATERIALIZED (
     SELECT {strata} run_id, item_id, NOT correct AS incorrect,
            ('0x' || substr(md5({split_key}), 1, 8))::UBIGINT / 4294967296.0 < {train_fraction} AS is_train,
            {feature_casts},

@@ -8,11 +8,18 @@
 -- Work stays on the wide per-item rows as long as it can: the md5 split is taken once per item,
 -- the bounds are one grouped aggregate ({bound_aggregates}: per score n__x, lo__x, hi__x over the
 -- held-out rows), joined to the items of their group (NULL group values match, as in GROUP BY),
--- and only the kept rows are unpivoted to one row per score at the end.
+-- and only the kept rows are unpivoted to one row per score at the end. wide is MATERIALIZED so
+-- that its two consumers do not each hash every item's split key with md5.
+--
+-- The rows come out ordered by (strata, run_id, item_id, score) without sorting the long rows: the
+-- kept wide rows are sorted ({order_by}: one row per item, (number of scores) times fewer rows to
+-- sort than after the unpivot), and the unpivot, a streaming unnest that keeps its input's order,
+-- emits each item's scores in the order of its IN list, which the Python side sorts by score name
+-- ({unpivot_in}). Sorting the long rows by their strings was half of this query's cost.
 WITH sc AS (
 {scores_sql}
 ),
-wide AS (
+wide AS MATERIALIZED (
     SELECT {strata} run_id, item_id,
            ('0x' || substr(md5({split_key}), 1, 8))::UBIGINT / 4294967296.0 < {holdout_fraction} AS in_holdout,
            {score_casts}
@@ -28,6 +35,7 @@ kept AS (
     FROM wide
     {bounds_join}
     WHERE {keep}
+    {order_by}
 ),
 long AS (
     FROM kept
@@ -39,4 +47,3 @@ SELECT {strata} run_id, item_id, score, in_holdout, raw, n_holdout, lower, upper
             WHEN raw <= lower THEN 0.0
             ELSE 1.0 END AS normalized
 FROM long
-{order_by}
