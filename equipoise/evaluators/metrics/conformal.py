@@ -347,22 +347,34 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
     )
 
 
-def _split_extra(score: str) -> dict[str, str]:
-    """Per-repeat test means that only sampling units have (majority vote, hit)."""
+def _split_extra(score: str, repeats: int) -> dict[str, str]:
+    """Per-repeat test sums that only sampling units have (majority vote, hit), and the per-repeat
+    counts of keys below a stratum's hash window (one count per repeat, side by side)."""
+    counts = {
+        "below_lo": "list_value(" + ", ".join(f"count_if(hs[{i}] < lo)" for i in range(1, repeats + 1)) + ")",
+        "below_hi": "list_value("
+        + ", ".join(f"count_if(hi IS NULL OR hs[{i}] < hi)" for i in range(1, repeats + 1))
+        + ")",
+    }
     if score != "sampling":
-        return {"per_rep_extra": "", "rep_stats_extra": ""}
+        return {"test_unit_cols": "", "test_extra": "", "per_rep_extra": "", "rep_stats_extra": "", **counts}
     return {
-        "per_rep_extra": ", avg(mv_correct::INTEGER) AS mv_acc, avg(hit::INTEGER) AS hit",
+        **counts,
+        "test_unit_cols": ", mv_correct, hit",
+        "test_extra": ", count_if(mv_correct) AS mv, count_if(hit) AS ht",
+        "per_rep_extra": ", sum(mv)::DOUBLE / sum(n) AS mv_acc, sum(ht)::DOUBLE / sum(n) AS hit",
         "rep_stats_extra": ",\n           list_avg(list(mv_acc ORDER BY rep)) AS mv_accuracy_test"
         ",\n           list_avg(list(hit ORDER BY rep)) AS hit_rate_test",
     }
 
 
 def _split_keys_sql(values: dict, keys: str) -> str:
-    """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``)."""
+    """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``) and
+    its rank ``uk`` in string order (the tie-break of the split order, as an integer)."""
     return (
-        f"SELECT ukey, {values['split_hashes']} AS hs FROM (SELECT ukey, "
-        f"('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb FROM ({keys}))"
+        f"SELECT ukey, {values['split_hashes']} AS hs, row_number() OVER (ORDER BY ukey) AS uk FROM "
+        f"(SELECT ukey, ('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb "
+        f"FROM ({keys}))"
     )
 
 
@@ -378,7 +390,7 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
     if table not in temp_tables(con):
         keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
         con.execute(f"CREATE TEMP TABLE {table} AS {_split_keys_sql(values, keys)}")
-    return f"SELECT ukey, hs FROM {table}"
+    return f"SELECT ukey, hs, uk FROM {table}"
 
 
 def _key_col(score: str, params: dict) -> str:
@@ -398,7 +410,9 @@ def conformal_sql(
         "WITH "
         + units
         + ",\n"
-        + _render("conf_split.sql", split_keys_sql=keys, **values, **_split_extra(score))
+        + _render(
+            "conf_split.sql", split_keys_sql=keys, **values, **_split_extra(score, _int(params, "repeats", 1))
+        )
         + ",\n"
         + _render(summary, **values)
     )
@@ -418,7 +432,12 @@ def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnect
         "WITH "
         + units
         + ",\n"
-        + _render("conf_split.sql", split_keys_sql=keys, **values, **_split_extra(str(score)))
+        + _render(
+            "conf_split.sql",
+            split_keys_sql=keys,
+            **values,
+            **_split_extra(str(score), _int(params, "repeats", 1)),
+        )
         + ",\n"
         + _render("conf_coverage_by.sql", cov_name=cov, **values)
     )
