@@ -95,6 +95,12 @@ CONF_STRATA: tuple[str, ...] = (
 SCORES: tuple[str, ...] = ("lac", "aps", "sampling")
 _POOLS = {"item": "sc.item_id", "base": "sc.base_id"}
 _MAX_DEN = 10**6
+# half-width of the hash window searched for a stratum's split cutoff (``conf_split.sql``), in binomial
+# standard deviations of the count below a fixed hash plus whole units: only speed depends on it (a
+# window that misses the cutoff is widened to the full range), so the tests shrink it to 0 to
+# exercise that path
+WINDOW_SD = 6
+WINDOW_PAD = 16
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
 # unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
@@ -218,6 +224,8 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
         "seed": _int(params, "seed", 0),
         "sample_index": _int(params, "sample_index", 0),
         "split_hashes": _split_hashes_expr(_int(params, "repeats", 1)),
+        "win_sd": float(WINDOW_SD),
+        "win_pad": float(WINDOW_PAD),
     }
 
 

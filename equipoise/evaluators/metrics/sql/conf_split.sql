@@ -32,7 +32,8 @@ run_ids AS (  -- rk: the rank of run_id (0-based), nr: the number of runs
 -- skey: one small integer per group x stratum; m = n_cal - k + 1 of the group (at least 1): how many
 -- of the largest calibration scores q_hat needs; [lo, hi): a window of hash values expected to hold
 -- the stratum's cutoff (the hashes are uniform on [0, 2**64): about n_cal of the N units lie below
--- n_cal / N * 2**64, give or take a binomial sd; the window is 6 sd and 16 units wide on each side;
+-- n_cal / N * 2**64, give or take a binomial sd; the window is WINDOW_SD sd and WINDOW_PAD units wide on each
+-- side, see conformal.py;
 -- hi NULL: no upper bound). Only a guess: `windows` checks it against the real counts.
 strata AS (
     SELECT *,
@@ -43,7 +44,7 @@ strata AS (
                 THEN least(hi_c / n_stratum * 18446744073709551616.0, 18446744073709549568.0)::UBIGINT
            END AS hi
     FROM (
-        SELECT *, n_cal - 6 * sd - 16 AS lo_c, n_cal + 6 * sd + 16 AS hi_c,
+        SELECT *, n_cal - {win_sd} * sd - {win_pad} AS lo_c, n_cal + {win_sd} * sd + {win_pad} AS hi_c,
                greatest(sum(n_cal) OVER (PARTITION BY gid) + 1
                         - ((sum(n_cal) OVER (PARTITION BY gid) + 1)::HUGEINT * ({alpha_den} - {alpha_num})
                            + {alpha_den} - 1) // {alpha_den}, 1)::BIGINT AS m
