@@ -117,16 +117,65 @@ thr AS (  -- n_cal per repeat is fixed: the sum of the strata's n_cal
 ),
 -- q_hat = the k-th smallest non-NULL calibration target score (NULL when k > their number n): the
 -- (n - k + 1)-th largest, taken from the top (n_cal - k + 1) scores kept by a bounded heap (max(x, m),
--- m = m_top, the same for every row of a group) instead of sorting all n_cal of them; one count and one heap
--- per repeat, side by side, in one scan of the units
-cal_top AS (
+-- m = m_top, the same for every row of a group) instead of sorting all n_cal of them. Only units
+-- whose target score is >= the group's band floor b enter the heap: b = the T-th largest target
+-- score of the group, T = (m + WINDOW_SD sqrt(m) + WINDOW_PAD) * N / n_cal, so that about m + a
+-- few sd of the units above b calibrate in each repeat (NULL: no floor). Checked: where some
+-- repeat has fewer than n - k + 1 calibration scores >= b, q_hat might lie below b, and that
+-- group's heaps are rebuilt from all its units (cal_full).
+bands AS (
+    SELECT u.gid,
+           CASE WHEN any_value(g.n_cal) > 0 THEN
+               list_sort(list(u.st) FILTER (WHERE u.st IS NOT NULL), 'DESC')[
+                   greatest(ceil((any_value(g.m) + {win_sd} * sqrt(any_value(g.m)) + {win_pad})
+                                 * any_value(g.n_units) / any_value(g.n_cal)), 1)::BIGINT]
+           END AS b
+    FROM units_c u
+    JOIN (SELECT gid, sum(n_cal) AS n_cal, sum(n_stratum) AS n_units, max(m) AS m FROM strata GROUP BY gid) g
+        USING (gid)
+    GROUP BY u.gid
+),
+cal_band AS (  -- the calibration units with a target score >= b: how many, and the heap
+    SELECT gid, rep, count(*) AS n_band, max(st, m_top) AS top
+    FROM (SELECT u.gid, u.m_top, u.st, u.uid, unnest(range({repeats})) AS rep, unnest(u.hs) AS h,
+                 unnest(u.cut_hs) AS cut_h, unnest(u.cut_uids) AS cut_uid
+          FROM units_c u
+          JOIN bands bd USING (gid)
+          WHERE u.cut_hs IS NOT NULL AND (bd.b IS NULL OR u.st >= bd.b))
+    WHERE h < cut_h OR (h = cut_h AND uid <= cut_uid)
+    GROUP BY gid, rep
+),
+cal_null AS (  -- calibration units without a target score: n = n_cal - these
+    SELECT gid, rep, count(*) AS n_null
+    FROM (SELECT gid, uid, unnest(range({repeats})) AS rep, unnest(hs) AS h, unnest(cut_hs) AS cut_h,
+                 unnest(cut_uids) AS cut_uid
+          FROM units_c
+          WHERE cut_hs IS NOT NULL AND st IS NULL)
+    WHERE h < cut_h OR (h = cut_h AND uid <= cut_uid)
+    GROUP BY gid, rep
+),
+cal_est AS (
+    SELECT t.gid, t.rep, t.k_order, t.n_cal - coalesce(cn.n_null, 0) AS n_scores, cb.n_band, cb.top
+    FROM thr t
+    LEFT JOIN cal_band cb USING (gid, rep)
+    LEFT JOIN cal_null cn USING (gid, rep)
+),
+band_miss AS (  -- groups where some repeat's q_hat may lie below the band floor
+    SELECT DISTINCT gid FROM cal_est WHERE k_order <= n_scores AND coalesce(n_band, 0) < n_scores - k_order + 1
+),
+cal_full AS (
     SELECT gid, rep, count(st) AS n_scores, max(st, m_top) AS top
     FROM (SELECT gid, m_top, st, uid, unnest(range({repeats})) AS rep, unnest(hs) AS h,
                  unnest(cut_hs) AS cut_h, unnest(cut_uids) AS cut_uid
           FROM units_c
-          WHERE cut_hs IS NOT NULL)
+          WHERE cut_hs IS NOT NULL AND gid IN (SELECT gid FROM band_miss))
     WHERE h < cut_h OR (h = cut_h AND uid <= cut_uid)
     GROUP BY gid, rep
+),
+cal_top AS (
+    SELECT gid, rep, n_scores, top FROM cal_est WHERE gid NOT IN (SELECT gid FROM band_miss)
+    UNION ALL
+    SELECT gid, rep, n_scores, top FROM cal_full
 ),
 thr_q AS (
     SELECT t.gid, t.rep, t.n_cal, t.k_order::BIGINT AS k_order,
