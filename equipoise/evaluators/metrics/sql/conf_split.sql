@@ -103,8 +103,9 @@ cut_keys AS (  -- per stratum: the cutoff key of every repeat, as lists by repea
     GROUP BY w.gid, w.sid
 ),
 -- per unit: the cutoff keys of its stratum by repeat (NULL when the stratum has no calibration unit);
--- in repeat r it is calibration iff (hs[r], uid) <= (cut_hs[r], cut_uids[r])
-units_c AS (
+-- in repeat r it is calibration iff (hs[r], uid) <= (cut_hs[r], cut_uids[r]). Not materialized: a
+-- join to a table of a few rows, cheaper redone by each consumer than a copy of every unit's lists
+units_c AS NOT MATERIALIZED (
     SELECT u.*, c.cut_hs, c.cut_uids
     FROM units_h u
     LEFT JOIN cut_keys c USING (gid, sid)
@@ -130,7 +131,7 @@ bands AS (
                    greatest(ceil((any_value(g.m) + {win_sd} * sqrt(any_value(g.m)) + {win_pad})
                                  * any_value(g.n_units) / any_value(g.n_cal)), 1)::BIGINT]
            END AS b
-    FROM units_c u
+    FROM units_h u
     JOIN (SELECT gid, sum(n_cal) AS n_cal, sum(n_stratum) AS n_units, max(m) AS m FROM strata GROUP BY gid) g
         USING (gid)
     GROUP BY u.gid
