@@ -38,8 +38,9 @@ the unit key and the repeat, so the same item is in the same part for every mode
 (paired comparisons), and it is the same on any machine and DuckDB version (md5 and integer
 arithmetic are defined; DuckDB's ``hash`` is not). md5 runs once per unit key, not per key and
 repeat (md5 of units x repeats strings was most of these metrics' time). The order is never sorted in
-full: a unit is calibration iff its key is <= the stratum's n_cal-th smallest key, found from counts
-per leading byte of h and a rank inside one byte's bucket (``sql/conf_split.sql``).
+full: a unit is calibration iff its key is <= the stratum's n_cal-th smallest key, found from the
+counts below the ends of a narrow window of hash values around n_cal / N * 2**64 (checked, widened
+where it misses) and a bounded heap of the keys inside it (``sql/conf_split.sql``).
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple

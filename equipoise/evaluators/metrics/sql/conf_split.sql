@@ -16,12 +16,12 @@
 -- key (h, uid) is <= its n_cal-th smallest key, so only that cutoff key is needed: the hashes are
 -- uniform, so it lies in a narrow window of hash values around n_cal / N * 2**64; one scan of the
 -- units counts, for every repeat, the keys below the window's ends (checked, and widened where the
--- guess missed), and only the keys inside it (a few % of the stratum) are ranked. Three streaming
--- passes over the units x repeats rows (unnested from per-unit lists, nothing of that size is
--- materialized): the keys in the window (ranked);
--- the calibration rows (their target scores go into a bounded top-m heap per group and repeat); the
--- test rows (sets, summed per group and repeat). The units and the hashes are joined once (units_h),
--- and the passes carry integers, not the string keys.
+-- guess missed), and only the keys inside it (a few % of the stratum) go into a bounded heap. Two
+-- streaming passes over all the units x repeats rows (unnested from per-unit lists, nothing of that
+-- size is materialized): the keys in the window (heap), and the test rows (sets, summed per group
+-- and repeat); a third only over the units whose target score lies above a band floor (checked
+-- like the window), for q_hat's top-m heap. The units and the hashes are joined once (units_h), and
+-- the passes carry integers, not the string keys.
 split_keys AS (  -- the {repeats} split hashes of every distinct unit key (a list by repeat), its rank uk
     {split_keys_sql}
 ),
@@ -194,7 +194,8 @@ q_lists AS (
 test_units AS (
     SELECT u.*, q.qs, len(u.ss) AS n_ss,
            len(list_filter(u.ss, lambda x: x <= q.q_lo)) AS n_lo,
-           list_filter(u.ss, lambda x: x > q.q_lo AND x <= q.q_hi) AS border
+           list_filter(u.ss, lambda x: x > q.q_lo AND x <= q.q_hi) AS border,
+           len(list_filter(u.ss, lambda x: x > q.q_lo AND x <= q.q_hi)) = 0 AS no_border
     FROM units_c u
     JOIN q_lists q USING (gid)
     WHERE u.ss IS NOT NULL
@@ -205,7 +206,7 @@ test_units AS (
 test_sets AS (
     SELECT gid, cov, rep{test_unit_cols},
            CASE WHEN q_hat IS NULL THEN n_ss
-                WHEN len(border) = 0 THEN n_lo
+                WHEN no_border THEN n_lo
                 ELSE n_lo + len(list_filter(border, lambda x: x <= q_hat)) END AS set_size,
            CASE WHEN q_hat IS NULL THEN st IS NOT NULL ELSE coalesce(st <= q_hat, false) END AS covered
     FROM (SELECT *, unnest(range({repeats})) AS rep, unnest(hs) AS h, unnest(cut_hs) AS cut_h,
