@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from equipoise.evaluators.metrics import compute
+from equipoise.evaluators.metrics import compute, conformal
 from equipoise.evaluators.metrics.conformal import _split_hashes_expr, conformal_k
 from equipoise.evaluators.metrics.registry import prepare
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
@@ -598,6 +598,25 @@ def test_coverage_by_matches_reference(store, score):
 
 
 def test_coverage_by_sampling_matches_reference(sample_store):
+    _check_coverage_by(sample_store, "sampling")
+
+
+@pytest.mark.parametrize(("sd", "pad"), [(0, 0), (0.5, -3), (1, 1)], ids=["empty", "narrow", "tight"])
+def test_cutoff_window_misses_fall_back_to_the_same_splits(
+    store, sample_store, big_store, monkeypatch, sd, pad
+):
+    """The hash window searched for a stratum's cutoff is only a guess about where the n_cal-th
+    smallest key lies: where it misses, the SQL widens it (lo = 0 or no upper bound). An empty window
+    (lo = hi: the counts below both ends are equal, so one of the two checks fails in every stratum
+    and repeat) and narrow ones take that path; the splits must still be the reference's. The same
+    knobs size the band floor of q_hat's heaps, whose misses (rebuilt from every unit) this also
+    exercises."""
+    default = _compute(big_store, "conformal_lac", repeats=7, seed=4)
+    monkeypatch.setattr(conformal, "WINDOW_SD", sd)
+    monkeypatch.setattr(conformal, "WINDOW_PAD", pad)
+    pd.testing.assert_frame_equal(_compute(big_store, "conformal_lac", repeats=7, seed=4), default)
+    test_option_metrics_match_reference(store, "lac", False, BY, ("target_role",))
+    _check_coverage_by(store, "aps")
     _check_coverage_by(sample_store, "sampling")
 
 

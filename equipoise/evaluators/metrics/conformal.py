@@ -38,8 +38,9 @@ the unit key and the repeat, so the same item is in the same part for every mode
 (paired comparisons), and it is the same on any machine and DuckDB version (md5 and integer
 arithmetic are defined; DuckDB's ``hash`` is not). md5 runs once per unit key, not per key and
 repeat (md5 of units x repeats strings was most of these metrics' time). The order is never sorted in
-full: a unit is calibration iff its key is <= the stratum's n_cal-th smallest key, found from counts
-per leading byte of h and a rank inside one byte's bucket (``sql/conf_split.sql``).
+full: a unit is calibration iff its key is <= the stratum's n_cal-th smallest key, found from the
+counts below the ends of a narrow window of hash values around n_cal / N * 2**64 (checked, widened
+where it misses) and a bounded heap of the keys inside it (``sql/conf_split.sql``).
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -95,6 +96,12 @@ CONF_STRATA: tuple[str, ...] = (
 SCORES: tuple[str, ...] = ("lac", "aps", "sampling")
 _POOLS = {"item": "sc.item_id", "base": "sc.base_id"}
 _MAX_DEN = 10**6
+# half-width of the hash window searched for a stratum's split cutoff (``conf_split.sql``), in binomial
+# standard deviations of the count below a fixed hash plus whole units: only speed depends on it (a
+# window that misses the cutoff is widened to the full range), so the tests shrink it to 0 to
+# exercise that path
+WINDOW_SD = 6
+WINDOW_PAD = 16
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
 # unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
@@ -218,6 +225,8 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
         "seed": _int(params, "seed", 0),
         "sample_index": _int(params, "sample_index", 0),
         "split_hashes": _split_hashes_expr(_int(params, "repeats", 1)),
+        "win_sd": float(WINDOW_SD),
+        "win_pad": float(WINDOW_PAD),
     }
 
 
@@ -347,22 +356,34 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
     )
 
 
-def _split_extra(score: str) -> dict[str, str]:
-    """Per-repeat test means that only sampling units have (majority vote, hit)."""
+def _split_extra(score: str, repeats: int) -> dict[str, str]:
+    """Per-repeat test sums that only sampling units have (majority vote, hit), and the per-repeat
+    counts of keys below a stratum's hash window (one count per repeat, side by side)."""
+    counts = {
+        "below_lo": "list_value(" + ", ".join(f"count_if(hs[{i}] < lo)" for i in range(1, repeats + 1)) + ")",
+        "below_hi": "list_value("
+        + ", ".join(f"count_if(hi IS NULL OR hs[{i}] < hi)" for i in range(1, repeats + 1))
+        + ")",
+    }
     if score != "sampling":
-        return {"per_rep_extra": "", "rep_stats_extra": ""}
+        return {"test_unit_cols": "", "test_extra": "", "per_rep_extra": "", "rep_stats_extra": "", **counts}
     return {
-        "per_rep_extra": ", avg(mv_correct::INTEGER) AS mv_acc, avg(hit::INTEGER) AS hit",
+        **counts,
+        "test_unit_cols": ", mv_correct, hit",
+        "test_extra": ", count_if(mv_correct) AS mv, count_if(hit) AS ht",
+        "per_rep_extra": ", sum(mv)::DOUBLE / sum(n) AS mv_acc, sum(ht)::DOUBLE / sum(n) AS hit",
         "rep_stats_extra": ",\n           list_avg(list(mv_acc ORDER BY rep)) AS mv_accuracy_test"
         ",\n           list_avg(list(hit ORDER BY rep)) AS hit_rate_test",
     }
 
 
 def _split_keys_sql(values: dict, keys: str) -> str:
-    """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``)."""
+    """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``) and
+    its rank ``uk`` in string order (the tie-break of the split order, as an integer)."""
     return (
-        f"SELECT ukey, {values['split_hashes']} AS hs FROM (SELECT ukey, "
-        f"('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb FROM ({keys}))"
+        f"SELECT ukey, {values['split_hashes']} AS hs, row_number() OVER (ORDER BY ukey) AS uk FROM "
+        f"(SELECT ukey, ('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb "
+        f"FROM ({keys}))"
     )
 
 
@@ -378,7 +399,7 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
     if table not in temp_tables(con):
         keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
         con.execute(f"CREATE TEMP TABLE {table} AS {_split_keys_sql(values, keys)}")
-    return f"SELECT ukey, hs FROM {table}"
+    return f"SELECT ukey, hs, uk FROM {table}"
 
 
 def _key_col(score: str, params: dict) -> str:
@@ -398,7 +419,9 @@ def conformal_sql(
         "WITH "
         + units
         + ",\n"
-        + _render("conf_split.sql", split_keys_sql=keys, **values, **_split_extra(score))
+        + _render(
+            "conf_split.sql", split_keys_sql=keys, **values, **_split_extra(score, _int(params, "repeats", 1))
+        )
         + ",\n"
         + _render(summary, **values)
     )
@@ -418,7 +441,12 @@ def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnect
         "WITH "
         + units
         + ",\n"
-        + _render("conf_split.sql", split_keys_sql=keys, **values, **_split_extra(str(score)))
+        + _render(
+            "conf_split.sql",
+            split_keys_sql=keys,
+            **values,
+            **_split_extra(str(score), _int(params, "repeats", 1)),
+        )
         + ",\n"
         + _render("conf_coverage_by.sql", cov_name=cov, **values)
     )

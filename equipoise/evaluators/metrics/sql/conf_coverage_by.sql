@@ -1,14 +1,16 @@
 -- conformal_coverage_by: thresholds are calibrated per group (as in the main metric); coverage and
 -- set size of the TEST units are then reported per value of the `coverage_by` column. Pooled over
--- repeats: coverage = share of (repeat, test unit) pairs whose set holds the target.
+-- repeats: coverage = share of (repeat, test unit) pairs whose set holds the target (summed from the
+-- per-repeat test sums of `test_rep`).
 groups AS (
     SELECT DISTINCT gid, {by_list} FROM gkeys  -- the groups that have rows
 )
 SELECT {g_by} ts.cov AS {cov_name},
-       count(*) / {repeats} AS n_test_mean, count(DISTINCT ts.rep)::BIGINT AS repeats_with_test,
-       avg(ts.covered::INTEGER) AS coverage, avg(ts.set_size) AS set_size_mean,
-       avg((ts.set_size = 0)::INTEGER) AS empty_rate
-FROM test_sets ts
+       sum(ts.n) / {repeats} AS n_test_mean, count_if(ts.n > 0)::BIGINT AS repeats_with_test,
+       sum(ts.cv)::DOUBLE / sum(ts.n) AS coverage, sum(ts.sz)::DOUBLE / sum(ts.n) AS set_size_mean,
+       sum(ts.em)::DOUBLE / sum(ts.n) AS empty_rate
+FROM test_rep ts
 JOIN groups g USING (gid)
 GROUP BY {g_gid_by}, ts.cov
+HAVING sum(ts.n) > 0
 ORDER BY gid, ts.cov NULLS LAST
