@@ -1299,42 +1299,51 @@ def unc_auroc(d: Data) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _unc_bounds(d: Data) -> tuple[list[str], np.ndarray, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The uncertainty columns, whether each unc_scores row is held out (md5 of item_id below 0.3),
+    and per model (rows) x score (columns): the held-out count, minimum and 99th percentile
+    (numpy's linear interpolation, which pandas' groupby quantile uses), NaN-free values only."""
+
+    def build() -> tuple[list[str], np.ndarray, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        sc = _unc_scores(d)
+        cols = [c for c in SCORE_COLUMNS if c not in NOT_UNCERTAINTIES]
+        items = pd.unique(sc.item_id)
+        in_h = pd.Series(_md5_unit(items) < 0.3, index=items).reindex(sc.item_id).to_numpy()
+        models = pd.Index(pd.unique(sc.model), name="model")
+        held = sc.loc[in_h, ["model", *cols]].astype({c: float for c in cols})
+        g = held.groupby("model", dropna=False)[cols]
+        n = g.count().reindex(models, fill_value=0)
+        return cols, in_h, n, g.min().reindex(models), g.quantile(0.99).reindex(models)
+
+    return d.cached("unc_bounds", build)  # type: ignore[return-value]
+
+
+def unc_normalization_bounds(d: Data) -> pd.DataFrame:
+    cols, _, n, lo, hi = _unc_bounds(d)
+    return pd.DataFrame(
+        {
+            "model": np.repeat(n.index.to_numpy(), len(cols)),
+            "score": np.tile(np.array(cols, dtype=object), len(n)),
+            "n_holdout": n.to_numpy().ravel(),
+            "lower": lo.to_numpy().ravel(),
+            "upper": hi.to_numpy().ravel(),
+        }
+    )
+
+
 def unc_normalized(d: Data) -> pd.DataFrame:
+    """One row per item not held out, the min-max normalised value of every score as a column."""
     sc = _unc_scores(d)
-    cols = [c for c in SCORE_COLUMNS if c not in NOT_UNCERTAINTIES]
-    hold = pd.Series(_md5_unit(pd.unique(sc.item_id)), index=pd.unique(sc.item_id))
-    parts = []
-    for model, g in sc.groupby("model", dropna=False):
-        in_h = hold.reindex(g.item_id).to_numpy() < 0.3
-        for col in cols:
-            raw = g[col].to_numpy(dtype=float)
-            h = raw[in_h & ~np.isnan(raw)]
-            if len(h):
-                lo, hi = h.min(), np.percentile(h, 99, method="linear")
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    norm = np.clip((raw - lo) / (hi - lo), 0, 1) if hi > lo else np.where(raw <= lo, 0.0, 1.0)
-                norm = np.where(np.isnan(raw), np.nan, norm)
-            else:
-                lo = hi = math.nan
-                norm = np.full(len(raw), np.nan)
-            keep = ~in_h
-            parts.append(
-                pd.DataFrame(
-                    {
-                        "model": model,
-                        "run_id": g.run_id.to_numpy()[keep],
-                        "item_id": g.item_id.to_numpy()[keep],
-                        "score": col,
-                        "in_holdout": False,
-                        "raw": raw[keep],
-                        "n_holdout": len(h),
-                        "lower": lo,
-                        "upper": hi,
-                        "normalized": norm[keep],
-                    }
-                )
-            )
-    return pd.concat(parts, ignore_index=True)
+    cols, in_h, _, lo, hi = _unc_bounds(d)
+    kept = sc.loc[~in_h]
+    x = kept[cols].to_numpy(dtype=float)
+    low, high = lo.reindex(kept.model).to_numpy(), hi.reindex(kept.model).to_numpy()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        norm = np.where(high > low, np.clip((x - low) / (high - low), 0, 1), np.where(x <= low, 0.0, 1.0))
+    norm[np.isnan(x) | np.isnan(high)] = np.nan
+    out = kept[["model", "run_id", "item_id"]].reset_index(drop=True)
+    out["in_holdout"] = False
+    return pd.concat([out, pd.DataFrame(norm, columns=cols)], axis=1)
 
 
 def unc_combiners(d: Data) -> pd.DataFrame:
@@ -1408,7 +1417,8 @@ REFERENCE: dict[str, tuple[Callable[[Data], pd.DataFrame], tuple[str, ...]]] = {
     "self_eval_filtered_accuracy": (self_eval_filtered_accuracy, ("model", "prompt_style", "condition")),
     "unc_auroc": (unc_auroc, ("model", "score")),
     "unc_combiners": (unc_combiners, ("model",)),
-    "unc_normalized": (unc_normalized, ("model", "run_id", "item_id", "score")),
+    "unc_normalization_bounds": (unc_normalization_bounds, ("model", "score")),
+    "unc_normalized": (unc_normalized, ("model", "run_id", "item_id")),
     "unc_scores": (unc_scores, ("model", "run_id", "item_id")),
     "unc_summary": (unc_summary, ("model", "score")),
 }

@@ -90,7 +90,14 @@ def test_materialized_base_tables_give_the_same_numbers(store, name):
     )
 
 
-UNC = ("unc_scores", "unc_normalized", "unc_auroc", "unc_summary", "unc_combiners")
+UNC = (
+    "unc_scores",
+    "unc_normalized",
+    "unc_normalization_bounds",
+    "unc_auroc",
+    "unc_summary",
+    "unc_combiners",
+)
 
 
 @pytest.mark.parametrize("name", UNC)

@@ -1,4 +1,5 @@
-"""Uncertainty metrics (unc_scores / unc_normalized / unc_combiners / unc_summary, embedding_scores)
+"""Uncertainty metrics (unc_scores / unc_normalized / unc_normalization_bounds / unc_combiners /
+unc_summary, embedding_scores)
 against independent pandas / numpy / scipy / scikit-learn recomputations from the raw store tables.
 
 The random stores are synthetic stores whose outputs are rewritten with reasoning-like text
@@ -512,7 +513,7 @@ def test_grouping_and_params(store):
         df = _compute(store, "unc_scores", by)
         assert len(df) == 480 and not df.columns.duplicated().any()
         assert set(by) <= set(df.columns)
-    for name in ("unc_normalized", "unc_summary", "unc_combiners"):
+    for name in ("unc_normalized", "unc_normalization_bounds", "unc_summary", "unc_combiners"):
         for by in (["run_id"], ["model", "run_id"], []):
             df = _compute(store, name, by)
             assert not df.columns.duplicated().any() and len(df)
@@ -564,14 +565,20 @@ def test_duckdb_quantiles_match_numpy_methods():
     con.close()
 
 
-@pytest.mark.parametrize(("split_key", "fraction"), [("item_id", 0.3), ("base_id", 0.5)])
-def test_normalized_matches_numpy(store, split_key, fraction):
-    params = {"holdout_fraction": fraction, "split_key": split_key, "include_holdout": True}
-    got = _compute(store, "unc_normalized", ["model"], params)
-    ref = reference_scores(store)
+def _old_formula(raw: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The normalisation as the long unc_normalized rows computed it, element-wise in numpy:
+    clip((raw - lo) / (hi - lo), 0, 1); 0 / 1 at or above a degenerate bound; NaN raw or bound -> NaN."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        norm = np.where(hi > lo, np.clip((raw - lo) / (hi - lo), 0, 1), np.where(raw <= lo, 0.0, 1.0))
+    return np.where(np.isnan(raw) | np.isnan(hi), np.nan, norm)
+
+
+def _numpy_long(ref: pd.DataFrame, split_key: str, fraction: float, cols=UNCERTAINTY_COLUMNS) -> pd.DataFrame:
+    """Independent long rows (model, run_id, item_id, score, in_holdout, raw, n_holdout, lower,
+    upper, normalized) from the pandas scores: bounds by numpy over each model's held-out items."""
     long = ref.melt(
         id_vars=["model", "run_id", "item_id", "base_id"],
-        value_vars=list(UNCERTAINTY_COLUMNS),
+        value_vars=list(cols),
         var_name="score",
         value_name="raw",
     )
@@ -581,54 +588,127 @@ def test_normalized_matches_numpy(store, split_key, fraction):
     for _, g in long.groupby(["model", "score"]):
         h = g.loc[g.in_holdout, "raw"].dropna().to_numpy()
         g = g.copy()
-        if len(h):
-            lo, hi = h.min(), np.percentile(h, 99, method="linear")
-            x = g["raw"].to_numpy()
-            norm = np.clip((x - lo) / (hi - lo), 0, 1) if hi > lo else np.where(x <= lo, 0.0, 1.0)
-            g["normalized"] = np.where(np.isnan(x), np.nan, norm)
-            g["lower"], g["upper"] = lo, hi
-        else:
-            g["normalized"] = g["lower"] = g["upper"] = np.nan
-        g["n_holdout"] = len(h)
+        lo, hi = (h.min(), np.percentile(h, 99, method="linear")) if len(h) else (np.nan, np.nan)
+        g["lower"], g["upper"], g["n_holdout"] = lo, hi, len(h)
+        g["normalized"] = _old_formula(g["raw"].to_numpy(), np.full(len(g), lo), np.full(len(g), hi))
         parts.append(g)
-    want = pd.concat(parts).sort_values(["run_id", "item_id", "score"]).reset_index(drop=True)
-    got = got.sort_values(["run_id", "item_id", "score"]).reset_index(drop=True)
-    assert len(got) == len(want) == 480 * len(UNCERTAINTY_COLUMNS)
-    assert (got.in_holdout.to_numpy() == want.in_holdout.to_numpy()).all()
-    for c in ("raw", "lower", "upper", "normalized", "n_holdout"):
-        a, b = got[c].to_numpy(dtype=float), want[c].to_numpy(dtype=float)
+    return pd.concat(parts).sort_values(["run_id", "item_id", "score"]).reset_index(drop=True)
+
+
+def _long(wide: pd.DataFrame, cols) -> pd.DataFrame:
+    """The wide metric's score columns as one row per item and score (for comparing)."""
+    ids = [c for c in wide.columns if c not in cols]
+    long = wide.melt(id_vars=ids, value_vars=list(cols), var_name="score", value_name="normalized")
+    return long.sort_values(["run_id", "item_id", "score"]).reset_index(drop=True)
+
+
+def _bounds_params(params: dict) -> dict:
+    return {k: v for k, v in params.items() if k != "include_holdout"}
+
+
+@pytest.mark.parametrize(("split_key", "fraction"), [("item_id", 0.3), ("base_id", 0.5)])
+def test_normalized_matches_numpy(store, split_key, fraction):
+    """The wide metric holds, in one column per score, exactly the values the long rows held,
+    recomputed here in numpy from the raw tables; unc_normalization_bounds holds their bounds."""
+    params = {"holdout_fraction": fraction, "split_key": split_key, "include_holdout": True}
+    got = _compute(store, "unc_normalized", ["model"], params)
+    bounds = _compute(store, "unc_normalization_bounds", ["model"], _bounds_params(params))
+    want = _numpy_long(reference_scores(store), split_key, fraction)
+    assert list(got.columns) == ["model", "run_id", "item_id", "in_holdout", *UNCERTAINTY_COLUMNS]
+    assert len(got) == 480 and all(got[c].dtype == np.float64 for c in UNCERTAINTY_COLUMNS)
+    long = _long(got, UNCERTAINTY_COLUMNS)
+    assert len(long) == len(want) == 480 * len(UNCERTAINTY_COLUMNS)
+    assert (long[["run_id", "item_id", "score"]] == want[["run_id", "item_id", "score"]]).all().all()
+    assert (long.in_holdout.to_numpy() == want.in_holdout.to_numpy()).all()
+    a, b = long.normalized.to_numpy(dtype=float), want.normalized.to_numpy(dtype=float)
+    assert np.array_equal(np.isnan(a), np.isnan(b))
+    np.testing.assert_allclose(a[~np.isnan(a)], b[~np.isnan(b)], rtol=1e-12, atol=TOL)
+    ok = long.normalized.dropna()
+    assert ok.between(0, 1).all() and (ok == 1).any() and (ok == 0).any()
+    # the bounds: one row per (model, score), sorted
+    wb = want.drop_duplicates(["model", "score"]).sort_values(["model", "score"]).reset_index(drop=True)
+    assert list(bounds.columns) == ["model", "score", "n_holdout", "lower", "upper"]
+    assert len(bounds) == len(wb) == want.model.nunique() * len(UNCERTAINTY_COLUMNS)
+    assert list(bounds.model) == list(wb.model) and list(bounds.score) == list(wb.score)
+    for c in ("n_holdout", "lower", "upper"):
+        a, b = bounds[c].to_numpy(dtype=float), wb[c].to_numpy(dtype=float)
         assert np.array_equal(np.isnan(a), np.isnan(b)), c
         np.testing.assert_allclose(a[~np.isnan(a)], b[~np.isnan(b)], rtol=1e-12, atol=TOL, err_msg=c)
-    ok = got.normalized.dropna()
-    assert ok.between(0, 1).all() and (ok == 1).any() and (ok == 0).any()
     # default: held-out rows are not returned
     default = _compute(store, "unc_normalized", ["model"], {k: v for k, v in params.items() if k[0] != "i"})
     assert not default.in_holdout.any() and len(default) == (~got.in_holdout).sum()
 
 
+@pytest.mark.parametrize("by", [[], ["model"], ["config", "run_id"], ["framing"]])
+def test_wide_equals_the_long_formula_on_the_published_scores_and_bounds(store, by):
+    """Whatever the grouping (framing is NULL for some items: NULL groups match), each wide cell is
+    the long formula applied, here in numpy, to that item's raw score in unc_scores and its group's
+    row of unc_normalization_bounds: nothing is lost by no longer publishing raw and bounds per row."""
+    cols = ["avg_nll", "semantic_entropy", "n_wait", "elicited_uncertainty"]
+    params = {"scores": cols, "include_holdout": True}
+    wide = _compute(store, "unc_normalized", by, params)
+    bounds = _compute(store, "unc_normalization_bounds", by, _bounds_params(params))
+    scores = _compute(store, "unc_scores", by)
+    strata = [b for b in by if b != "run_id"]
+    raw = scores.melt(
+        id_vars=[*strata, "run_id", "item_id"], value_vars=cols, var_name="score", value_name="raw"
+    )
+    raw["raw"] = pd.to_numeric(raw["raw"], errors="coerce").astype(float)
+    # pandas merges NaN keys with NaN keys, as the SQL's IS NOT DISTINCT FROM does
+    old = raw.merge(bounds, on=[*by, "score"], how="left", validate="many_to_one")
+    assert old.n_holdout.notna().all()
+    old["normalized"] = _old_formula(old.raw.to_numpy(), old.lower.to_numpy(), old.upper.to_numpy())
+    old = old.sort_values(["run_id", "item_id", "score"]).reset_index(drop=True)
+    got = _long(wide, cols)
+    assert len(got) == len(old) == 480 * len(cols)
+    assert (got[["run_id", "item_id", "score"]] == old[["run_id", "item_id", "score"]]).all().all()
+    a, b = got.normalized.to_numpy(dtype=float), old.normalized.to_numpy(dtype=float)
+    assert np.array_equal(np.isnan(a), np.isnan(b)) and (~np.isnan(a)).sum() > 100
+    np.testing.assert_allclose(a[~np.isnan(a)], b[~np.isnan(b)], rtol=1e-12, atol=TOL)
+    assert (got.in_holdout.to_numpy() == np.array([_u(i) < 0.3 for i in got.item_id])).all()
+
+
 def test_normalized_rows_come_sorted(store):
-    """The long rows are sorted without a sort over them (the wide rows are sorted, then unpivoted
-    in score-name order): they must still come out exactly as ORDER BY strata, run_id, item_id,
-    score would put them, with the scores given in any order."""
+    """One row per item in ORDER BY strata, run_id, item_id order, the score columns in the order
+    they were asked for."""
     params = {"scores": ["n_wait", "avg_nll", "semantic_entropy"], "include_holdout": True}
     for by in (["model"], ["config", "run_id"], []):
         got = _compute(store, "unc_normalized", by, params)
-        keys = [*(b for b in by if b != "run_id"), "run_id", "item_id", "score"]
-        assert len(got) == 480 * 3
+        keys = [*(b for b in by if b != "run_id"), "run_id", "item_id"]
+        assert list(got.columns) == [*keys, "in_holdout", *params["scores"]]
+        assert len(got) == 480
         assert got[keys].equals(got.sort_values(keys)[keys].reset_index(drop=True)), by
+        bounds = _compute(store, "unc_normalization_bounds", by, _bounds_params(params))
+        bkeys = [*by, "score"]
+        assert bounds[bkeys].equals(bounds.sort_values(bkeys)[bkeys].reset_index(drop=True)), by
 
 
 def test_normalized_degenerate_and_empty_holdout(crafted):
-    got = _compute(crafted, "unc_normalized", ["model"], {"include_holdout": True, "holdout_fraction": 0.5})
-    sc = got[got.score == "semantic_entropy"]
+    params = {"include_holdout": True, "holdout_fraction": 0.5}
+    got = _compute(crafted, "unc_normalized", ["model"], params)
+    bounds = _compute(crafted, "unc_normalization_bounds", ["model"], _bounds_params(params))
+    bounds = bounds.set_index(["model", "score"])
+    raw = _compute(crafted, "unc_scores", ["model"]).set_index(["run_id", "item_id"])
     # pool 'item': q1 items have 0 entropy, q2 items ln 2 or 0; bounds follow the held-out items
-    for r in sc.itertuples():
-        if r.upper > r.lower:
-            assert r.normalized == pytest.approx(min(1, max(0, (r.raw - r.lower) / (r.upper - r.lower))))
+    for r in got.itertuples():
+        x = raw.loc[(r.run_id, r.item_id), "semantic_entropy"]
+        b = bounds.loc[(r.model, "semantic_entropy")]
+        if b.upper > b.lower:
+            assert r.semantic_entropy == pytest.approx(min(1, max(0, (x - b.lower) / (b.upper - b.lower))))
         else:
-            assert r.normalized == (0.0 if r.raw <= r.lower else 1.0)
-    el = got[got.score == "elicited_uncertainty"]
-    assert el.n_holdout.max() <= 4 and el.normalized.isna().sum() >= el.raw.isna().sum()
+            assert r.semantic_entropy == (0.0 if x <= b.lower else 1.0)
+    el = bounds.xs("elicited_uncertainty", level="score")
+    raw_el = pd.to_numeric(raw["elicited_uncertainty"], errors="coerce")
+    assert el.n_holdout.max() <= 4 and got.elicited_uncertainty.isna().sum() >= raw_el.isna().sum()
+    # a group with no defined held-out value: NULL bounds and NULL normalised values throughout
+    empty = _compute(crafted, "unc_normalization_bounds", ["run_id"], {"holdout_fraction": 0.01})
+    none = empty[empty.n_holdout == 0]
+    assert len(none) and none.lower.isna().all() and none.upper.isna().all()
+    wide = _compute(
+        crafted, "unc_normalized", ["run_id"], {"holdout_fraction": 0.01, "include_holdout": True}
+    )
+    for r in none.itertuples():
+        assert wide.loc[wide.run_id == r.run_id, r.score].isna().all(), (r.run_id, r.score)
 
 
 # ----------------------------------------------------------------------------- combiners
@@ -808,6 +888,7 @@ def test_group_with_null_stratum_matches_sklearn(store):
         framing = con.execute("SELECT run_id, item_id, framing FROM scored WHERE sample_index = 0").df()
         auc = compute(con, "unc_auroc", ["framing"], {"scores": ["avg_nll", "n_wait"]})
         norm = compute(con, "unc_normalized", ["framing"], {"scores": ["avg_nll"], "include_holdout": True})
+        bounds = compute(con, "unc_normalization_bounds", ["framing"], {"scores": ["avg_nll"]})
         comb = compute(con, "unc_combiners", ["framing"])
     finally:
         con.close()
@@ -821,10 +902,12 @@ def test_group_with_null_stratum_matches_sklearn(store):
         ok = ~np.isnan(u)
         assert row.n_items == len(g) and row.n == ok.sum()
         assert row.auroc == pytest.approx(roc_auc_score(y[ok], u[ok]), abs=1e-12), (fr, score)
+    assert len(bounds) == ref.framing.nunique(dropna=False) and bounds.framing.isna().sum() == 1
     for fr, g in norm.groupby("framing", dropna=False):
         r = ref[ref.framing.isna()] if pd.isna(fr) else ref[ref.framing == fr]
         held = np.array([_u(i) < 0.3 for i in r.item_id]) & r.avg_nll.notna().to_numpy()
-        assert len(g) == len(r) and (g.n_holdout == held.sum()).all()
-        assert g.lower.iloc[0] == pytest.approx(r.avg_nll[held].min(), abs=TOL)
+        b = bounds[bounds.framing.isna()] if pd.isna(fr) else bounds[bounds.framing == fr]
+        assert len(g) == len(r) and len(b) == 1 and b.n_holdout.iloc[0] == held.sum()
+        assert b.lower.iloc[0] == pytest.approx(r.avg_nll[held].min(), abs=TOL)
     assert len(comb) == 2 and comb.framing.isna().sum() == 1
     assert comb.n_rows.sum() == len(ref)

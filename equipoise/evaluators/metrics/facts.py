@@ -2,7 +2,7 @@
 
 Why: a metrics pass spends most of its time joining predictions to runs, items and options and
 taking the option softmax (``scored`` and ``option_probs``, see ``sql/base_views.sql``), and then
-computing the per-item uncertainty scores (``sql/unc_scores.sql``) that five metrics share. Those
+computing the per-item uncertainty scores (``sql/unc_scores.sql``) that six metrics share. Those
 are facts of the stored rows, not of a metric, so a writer computes them once, in one vectorized
 DuckDB pass, into ordinary tables of the store (:func:`refresh`):
 

@@ -43,6 +43,10 @@ semantic-equivalence class (seed 002 4.1, seed 004 3.3).
   one sequence are one outcome, else ten identical confident answers would score ln 10). This is the
   seed's plain entropy, not the top-K lower bound with an adaptive threshold of the PRO authors' code.
 
+``unc_normalized`` min-max scales each uncertainty score to [0, 1] per group, with bounds taken on an
+md5 held-out split (seed 004 D.3): one row per item, one column per score, as ``unc_scores``; the
+bounds themselves are ``unc_normalization_bounds`` (one row per group and score), not repeated per item.
+
 ``unc_auroc`` ranks every uncertainty score against correctness: the AUROC for detecting incorrect
 sample-0 answers (the discrimination number seeds 002 and 004 report per method), with undefined
 scores counted rather than silently dropped.
@@ -195,7 +199,7 @@ def _scores_source(
 ) -> str:
     """The unc_scores query for ``by``: computed inline, or read from a per-connection cache.
 
-    Five metrics start from the same per-item scores, which cost more than anything done after
+    Six metrics start from the same per-item scores, which cost more than anything done after
     them. When the base relations are materialized (a read-only pass over many metrics, see
     ``registry.prepare``) the scores are computed once per pool with every stratum into a TEMP
     table, and each metric selects its own strata from it in the same column order, so results are
@@ -236,50 +240,67 @@ def _split_key(params: dict) -> str:
     return str(key)
 
 
-def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
+def _bound_fragments(params: dict) -> dict[str, str]:
+    """What unc_normalized and unc_normalization_bounds share, rendered once so the two cannot
+    drift apart: the held-out test (md5 of the split key below holdout_fraction), the DOUBLE casts
+    of the scores and the per-score bound aggregates (n__x, lo__x, hi__x over the held-out rows)."""
     cols = _columns(params, "scores", SCORE_COLUMNS)
     q = float(params["upper_quantile"])
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"upper_quantile must lie in [0, 1], got {q}")
+    fraction = _fraction(params, "holdout_fraction")
     held = "FILTER (WHERE in_holdout)"
-    bound_aggregates = ", ".join(
-        f"count({c}) {held} AS n__{c}, min({c}) {held} AS lo__{c}, "
-        f"quantile_cont({c}, {q!r}) {held} AS hi__{c}"
-        for c in cols
-    )
+    return {
+        "in_holdout": f"('0x' || substr(md5({_split_key(params)}), 1, 8))::UBIGINT / 4294967296.0 "
+        f"< {fraction!r}",
+        "score_casts": ", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
+        "bound_aggregates": ", ".join(
+            f"count({c}) {held} AS n__{c}, min({c}) {held} AS lo__{c}, "
+            f"quantile_cont({c}, {q!r}) {held} AS hi__{c}"
+            for c in cols
+        ),
+    }
+
+
+def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
+    cols = _columns(params, "scores", SCORE_COLUMNS)
     if by:
         on = " AND ".join(f"wide.{c} IS NOT DISTINCT FROM bounds.{c}" for c in by)
         bounds_join = f"JOIN bounds ON {on}"
-        bound_columns = f"bounds.* EXCLUDE ({', '.join(by)})"
     else:
-        bounds_join, bound_columns = "CROSS JOIN bounds", "bounds.*"
+        bounds_join = "CROSS JOIN bounds"
+    normalized = ", ".join(
+        f"CASE WHEN wide.{c} IS NULL OR hi__{c} IS NULL THEN NULL "
+        f"WHEN hi__{c} > lo__{c} THEN greatest(0.0, least(1.0, (wide.{c} - lo__{c}) / (hi__{c} - lo__{c}))) "
+        f"WHEN wide.{c} <= lo__{c} THEN 0.0 ELSE 1.0 END AS {c}"
+        for c in cols
+    )
     return _wrapped(
         con,
         "unc_normalized",
         by,
         params,
-        split_key=_split_key(params),
-        score_casts=_score_columns_sql(cols)["score_casts"],
-        holdout_fraction=repr(_fraction(params, "holdout_fraction")),
-        bound_aggregates=bound_aggregates,
+        **_bound_fragments(params),
+        wide_strata=_strata(by, "wide."),
+        normalized_columns=normalized,
         bounds_join=bounds_join,
-        bound_columns=bound_columns,
-        keep="true" if params["include_holdout"] else "NOT in_holdout",
-        # by score name: the unpivot emits each item's scores in this order (see the SQL)
-        unpivot_in=_unpivot_in(sorted(cols), ("", "n", "lo", "hi")),
-        # (run_id, item_id) is unique per wide row: with the sorted IN list, the same order as
-        # ORDER BY ALL on the long rows
+        keep="true" if params["include_holdout"] else "NOT wide.in_holdout",
+        # (run_id, item_id) is unique per row: the same order as ORDER BY ALL
         order_by="ORDER BY "
         + ", ".join(f"wide.{c}" for c in [*(b for b in by if b != "run_id"), "run_id", "item_id"]),
     )
 
 
-def _score_columns_sql(cols: Sequence[str]) -> dict[str, str]:
-    """The two fragments every long-format score query needs: DOUBLE casts and the UNPIVOT list."""
-    return {
-        "score_casts": ", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
-        "score_list": ", ".join(cols),
-    }
+def _normalization_bounds_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
+    cols = _columns(params, "scores", SCORE_COLUMNS)
+    return _wrapped(
+        con,
+        "unc_normalization_bounds",
+        by,
+        params,
+        **_bound_fragments(params),
+        unpivot_in=_unpivot_in(cols, ("n", "lo", "hi")),
+    )
 
 
 def _group_ids(by: Sequence[str]) -> dict[str, str]:
@@ -564,6 +585,16 @@ def embedding_scores(
         con.unregister("_unc_embeddings")
 
 
+# unc_normalized's parameters; unc_normalization_bounds takes the same but include_holdout
+_NORMALIZATION_PARAMS: dict[str, object] = {
+    "pool": "item",
+    "scores": UNCERTAINTY_COLUMNS,
+    "holdout_fraction": 0.3,
+    "upper_quantile": 0.99,
+    "split_key": "item_id",
+    "include_holdout": False,
+}
+
 register(
     Metric(
         name="unc_scores",
@@ -581,19 +612,25 @@ register(
     Metric(
         name="unc_normalized",
         description="uncertainty scores min-max normalised per group: lower = min, upper = 99th "
-        "percentile on a held-out md5 split, clipped to [0, 1] (one row per run x item x score)",
+        "percentile on a held-out md5 split, clipped to [0, 1] (one row per run x item, one column "
+        "per score; bounds in unc_normalization_bounds)",
         sql="unc_normalized.sql",
         needs=("predictions", "option_scores"),
         default_by=("model",),
-        params={
-            "pool": "item",
-            "scores": UNCERTAINTY_COLUMNS,
-            "holdout_fraction": 0.3,
-            "upper_quantile": 0.99,
-            "split_key": "item_id",
-            "include_holdout": False,
-        },
+        params=_NORMALIZATION_PARAMS,
         sql_fn=_normalized_sql,
+    )
+)
+register(
+    Metric(
+        name="unc_normalization_bounds",
+        description="the bounds unc_normalized scales by: per group and score the held-out count, "
+        "lower (min) and upper (99th percentile) bound",
+        sql="unc_normalization_bounds.sql",
+        needs=("predictions", "option_scores"),
+        default_by=("model",),
+        params={k: v for k, v in _NORMALIZATION_PARAMS.items() if k != "include_holdout"},
+        sql_fn=_normalization_bounds_sql,
     )
 )
 register(
