@@ -5,7 +5,8 @@ Everything is DuckDB SQL (``sql/conf_*.sql``); Python only validates parameters 
 fragments together. Per group ({by}, default model x config):
 
 Units. ``conformal_lac`` / ``conformal_aps``: one unit per run x item, prediction sample
-``sample_index`` (default 0), with the softmax option probabilities of ``option_probs``. Items without
+``sample_index`` (default 0), with the softmax option probabilities of ``option_probs`` (the LAC and
+plain APS scores below are per-sample write-time facts, ``sql/sample_probs.sql``). Items without
 option scores are not units; they are counted (``n_unscored``). Every option of the item is a
 candidate; an option the backend did not score gets p = 0 (``n_target_unscored`` counts units whose
 target is such an option). ``conformal_sampling``: one unit per run x pool of samples (``pool``:
@@ -235,28 +236,40 @@ def _below(p: str) -> str:
     return f"coalesce(list_sum(list_filter(ps, lambda y: y < {p})), 0.0)"
 
 
+# LAC and plain APS: the unit's scores are per-sample facts (``sample_probs``, one row per sample):
+# every option's score (unscored options included, as 1.0) and the target's, read as they are
+_SCORES_FACT = (
+    "SELECT run_id, item_id, n_scored, target_prob IS NOT NULL AS has_target, {score}_scores AS ss, "
+    "{score}_target AS st FROM sample_probs WHERE sample_index = {sample_index}"
+)
+# randomised APS computes them per query from option rows: the item's option count, for the
+# unscored options' 1.0 scores
+_N_OPTIONS_CTE = """n_options AS (
+    SELECT dataset_id, config, item_id, count(*) AS n_opt FROM options GROUP BY dataset_id, config, item_id
+),"""
+_N_OPTIONS_JOIN = (
+    "\n    LEFT JOIN n_options no ON no.dataset_id = sc.dataset_id AND no.config = sc.config "
+    "AND no.item_id = sc.item_id"
+)
+
+
 def _option_score_sql(score: str, params: dict) -> dict[str, str]:
-    """Template values of ``conf_option_units.sql`` for one score: the extra per-unit aggregates, the
-    list of scored options and the score of one of them (``o``) and of the target."""
-    if score == "lac":  # 1 - p of each option: no sum, so the list's order does not matter
-        return {
-            "ps_agg": "list(prob)",
-            "opt_agg": "",
-            "opt_cols": "",
-            "opt_list": "ps",
-            "opt_score": "1.0 - o",
-            "target_score": "1.0 - p_target",
-        }
-    if score != "aps":
+    """Template values of ``conf_option_units.sql`` for one score: the per-unit query ``probs``,
+    what ``base`` takes from it, and the unit's score list ``ss`` and target score ``st``. LAC and
+    plain APS read both from the per-sample facts (``sample_probs.sql`` holds their formulas);
+    randomised APS also needs every option's identity (for U, which depends on the seed), so it
+    groups ``option_probs`` itself."""
+    sample = _int(params, "sample_index", 0)
+    if score not in ("lac", "aps"):
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-    if not params.get("aps_randomized"):
+    if score == "lac" or not params.get("aps_randomized"):
         return {
-            "ps_agg": "list_sort(list(prob))",
-            "opt_agg": "",
-            "opt_cols": "",
-            "opt_list": "ps",
-            "opt_score": f"1.0 - {_below('o')}",
-            "target_score": f"1.0 - {_below('p_target')}",
+            "probs_sql": _SCORES_FACT.format(score=score, sample_index=sample),
+            "n_options_cte": "",
+            "n_options_join": "",
+            "base_cols": ", pr.ss, pr.st",
+            "ss_expr": "ss",
+            "st_expr": "st",
         }
     # U ~ Uniform(0, 1): 52 bits of md5(seed, item, option identity), so the same item and option draw
     # the same U in calibration and in prediction, in every repeat and model
@@ -271,12 +284,22 @@ def _option_score_sql(score: str, params: dict) -> dict[str, str]:
         return f"1.0 - {_below(p)} - (1.0 - {w}) * {p}"
 
     return {
-        "ps_agg": "list_sort(list(prob))",
-        "opt_agg": f", list({pu}) AS pu, any_value({pu}) FILTER (WHERE is_target) AS tu",
-        "opt_cols": ", pr.pu, pr.tu",
-        "opt_list": "pu",
-        "opt_score": rand("o"),
-        "target_score": rand("tu"),
+        "probs_sql": (
+            "SELECT run_id, item_id, list_sort(list(prob)) AS ps, count(*) AS n_scored, "
+            "bool_or(is_target) AS has_target, "
+            f"list({pu}) AS pu, any_value({pu}) FILTER (WHERE is_target) AS tu "
+            f"FROM option_probs WHERE sample_index = {sample} GROUP BY run_id, item_id"
+        ),
+        "n_options_cte": _N_OPTIONS_CTE,
+        "n_options_join": _N_OPTIONS_JOIN,
+        "base_cols": (
+            ", coalesce(no.n_opt, 0) - coalesce(pr.n_scored, 0) AS n_unscored_options, pr.ps, pr.pu, pr.tu"
+        ),
+        "ss_expr": (
+            f"list_concat(list_transform(pu, lambda o: {rand('o')}), "
+            "list_resize([]::DOUBLE[], greatest(n_unscored_options, 0), 1.0))"
+        ),
+        "st_expr": f"CASE WHEN has_target THEN {rand('tu')} ELSE 1.0 END",
     }
 
 
