@@ -242,8 +242,8 @@ _SCORES_FACT = (
     "SELECT run_id, item_id, n_scored, target_prob IS NOT NULL AS has_target, {score}_scores AS ss, "
     "{score}_target AS st FROM sample_probs WHERE sample_index = {sample_index}"
 )
-# randomised APS computes them per query from option rows: the item's option count, for the
-# unscored options' 1.0 scores
+# otherwise (plain views, randomised APS) the query computes them from option rows: the item's
+# option count, for the unscored options' 1.0 scores
 _N_OPTIONS_CTE = """n_options AS (
     SELECT dataset_id, config, item_id, count(*) AS n_opt FROM options GROUP BY dataset_id, config, item_id
 ),"""
@@ -253,16 +253,21 @@ _N_OPTIONS_JOIN = (
 )
 
 
-def _option_score_sql(score: str, params: dict) -> dict[str, str]:
+def _option_score_sql(score: str, params: dict, from_facts: bool) -> dict[str, str]:
     """Template values of ``conf_option_units.sql`` for one score: the per-unit query ``probs``,
-    what ``base`` takes from it, and the unit's score list ``ss`` and target score ``st``. LAC and
-    plain APS read both from the per-sample facts (``sample_probs.sql`` holds their formulas);
-    randomised APS also needs every option's identity (for U, which depends on the seed), so it
-    groups ``option_probs`` itself."""
+    what ``base`` takes from it, and the unit's score list ``ss`` and target score ``st``.
+
+    ``from_facts`` (the base relations are fixed for the connection: the store's facts or TEMP
+    tables): LAC and plain APS read both from the per-sample rows of ``sample_probs`` (whose SQL
+    holds their formulas). Otherwise ``sample_probs`` is a view that would join ``scored`` again on
+    every call, so the query groups ``option_probs`` itself with the same formulas (the fact tests
+    compare the two paths cell by cell); so does randomised APS always, as U depends on the seed
+    and the option's identity."""
     sample = _int(params, "sample_index", 0)
     if score not in ("lac", "aps"):
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-    if score == "lac" or not params.get("aps_randomized"):
+    randomized = score == "aps" and bool(params.get("aps_randomized"))
+    if from_facts and not randomized:
         return {
             "probs_sql": _SCORES_FACT.format(score=score, sample_index=sample),
             "n_options_cte": "",
@@ -271,35 +276,44 @@ def _option_score_sql(score: str, params: dict) -> dict[str, str]:
             "ss_expr": "ss",
             "st_expr": "st",
         }
-    # U ~ Uniform(0, 1): 52 bits of md5(seed, item, option identity), so the same item and option draw
-    # the same U in calibration and in prediction, in every repeat and model
-    u = (
-        f"((('0x' || substr(md5('{_int(params, 'seed', 0)}:aps:' || item_id || ':' || option_id), 1, 13))"
-        "::BIGINT + 0.5) / 4503599627370496.0)"
-    )
-    pu = f"{{'p': prob, 'u': {u}}}"
+    pu_agg, pu_cols = "", ""
+    if score == "lac":  # 1 - p of each option
+        opt_list, opt_score, target_score = "ps", "1.0 - o", "1.0 - p_target"
+    elif not randomized:
+        opt_list, opt_score, target_score = "ps", f"1.0 - {_below('o')}", f"1.0 - {_below('p_target')}"
+    else:
+        # U ~ Uniform(0, 1): 52 bits of md5(seed, item, option identity), so the same item and option
+        # draw the same U in calibration and in prediction, in every repeat and model
+        u = (
+            f"((('0x' || substr(md5('{_int(params, 'seed', 0)}:aps:' || item_id || ':' || option_id), 1, 13))"
+            "::BIGINT + 0.5) / 4503599627370496.0)"
+        )
+        pu = f"{{'p': prob, 'u': {u}}}"
 
-    def rand(x: str) -> str:
-        p, w = f"struct_extract({x}, 'p')", f"struct_extract({x}, 'u')"
-        return f"1.0 - {_below(p)} - (1.0 - {w}) * {p}"
+        def rand(x: str) -> str:
+            p, w = f"struct_extract({x}, 'p')", f"struct_extract({x}, 'u')"
+            return f"1.0 - {_below(p)} - (1.0 - {w}) * {p}"
 
+        pu_agg = f", list({pu}) AS pu, any_value({pu}) FILTER (WHERE is_target) AS tu"
+        pu_cols = ", pr.pu, pr.tu"
+        opt_list, opt_score, target_score = "pu", rand("o"), rand("tu")
     return {
         "probs_sql": (
             "SELECT run_id, item_id, list_sort(list(prob)) AS ps, count(*) AS n_scored, "
-            "bool_or(is_target) AS has_target, "
-            f"list({pu}) AS pu, any_value({pu}) FILTER (WHERE is_target) AS tu "
-            f"FROM option_probs WHERE sample_index = {sample} GROUP BY run_id, item_id"
+            "bool_or(is_target) AS has_target, max(prob) FILTER (WHERE is_target) AS p_target"
+            f"{pu_agg} FROM option_probs WHERE sample_index = {sample} GROUP BY run_id, item_id"
         ),
         "n_options_cte": _N_OPTIONS_CTE,
         "n_options_join": _N_OPTIONS_JOIN,
         "base_cols": (
-            ", coalesce(no.n_opt, 0) - coalesce(pr.n_scored, 0) AS n_unscored_options, pr.ps, pr.pu, pr.tu"
+            ", coalesce(no.n_opt, 0) - coalesce(pr.n_scored, 0) AS n_unscored_options, pr.ps, pr.p_target"
+            + pu_cols
         ),
         "ss_expr": (
-            f"list_concat(list_transform(pu, lambda o: {rand('o')}), "
+            f"list_concat(list_transform({opt_list}, lambda o: {opt_score}), "
             "list_resize([]::DOUBLE[], greatest(n_unscored_options, 0), 1.0))"
         ),
-        "st_expr": f"CASE WHEN has_target THEN {rand('tu')} ELSE 1.0 END",
+        "st_expr": f"CASE WHEN has_target THEN {target_score} ELSE 1.0 END",
     }
 
 
@@ -344,7 +358,7 @@ _NO_MULTI_ITEM_OPTIONS = """multi_item_options AS (
 ),"""
 
 
-def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
+def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_facts: bool = False) -> str:
     cov_expr = f"sc.{cov}" if cov else "NULL"
     # only the columns the units need (not sc.*: ~40 columns, raw_output included, which at 10M
     # predictions is what ran out of memory)
@@ -374,7 +388,7 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
         unit_cols=", ".join(dict.fromkeys(keep)),
         id_ctes=_ids_sql("sc0", values),
         **ids,
-        **_option_score_sql(score, params),
+        **_option_score_sql(score, params, from_facts),
         **values,
     )
 
@@ -425,6 +439,11 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
     return f"SELECT ukey, hs, uk FROM {table}"
 
 
+def _fixed(con: duckdb.DuckDBPyConnection | None) -> bool:
+    """Whether the base relations are fixed tables for ``con`` (facts or TEMP tables, not views)."""
+    return con is not None and _materialized(con)
+
+
 def _key_col(score: str, params: dict) -> str:
     return "base_id" if score == "sampling" and params.get("pool", "item") == "base" else "item_id"
 
@@ -435,7 +454,8 @@ def conformal_sql(
     """The rendered query of conformal_lac / conformal_aps / conformal_sampling (with ``con``: reading
     the split hashes shared by the connection's conformal metrics where it may)."""
     values = _common(by, params)
-    units = _units_sql(score, values, params, None)  # validates the pool before its column is used
+    # validates the pool before its column is used
+    units = _units_sql(score, values, params, None, _fixed(con))
     keys = _split_keys_source(con, values, _key_col(score, params))
     summary = "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
     return (
@@ -458,7 +478,7 @@ def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnect
     if cov in by:
         raise ValueError(f"coverage_by {cov!r} is already a grouping column")
     values = _common(by, params)
-    units = _units_sql(str(score), values, params, cov)
+    units = _units_sql(str(score), values, params, cov, _fixed(con))
     keys = _split_keys_source(con, values, _key_col(str(score), params))
     return (
         "WITH "
