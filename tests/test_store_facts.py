@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -125,6 +126,11 @@ def _fact_frames(path: Path) -> dict[str, pd.DataFrame]:
         out = {}
         for t in facts.FACT_TABLES:
             df = con.execute(f"SELECT * FROM main.{t}").df()
+            # list columns (the conformal score lists of sample_probs) as tuples: sortable, and
+            # compared element by element, exactly
+            for c in df.columns:
+                if df[c].map(lambda v: isinstance(v, (list, np.ndarray))).any():
+                    df[c] = df[c].map(lambda v: tuple(v) if isinstance(v, (list, np.ndarray)) else v)
             out[t] = df.sort_values(list(df.columns)).reset_index(drop=True)
         return out
     finally:
@@ -184,6 +190,8 @@ def test_refresh_after_a_few_runs_change_recomputes_only_those_and_equals_a_full
     con.close()
 
     got, want = _fact_frames(inc), _fact_frames(full)
+    # the per-sample conformal score lists are among the compared facts (and not all empty)
+    assert got["facts_sample_probs"]["aps_scores"].map(len).sum() > 0
     for t in facts.FACT_TABLES:
         pd.testing.assert_frame_equal(got[t], want[t], obj=t)
         runs_in = set(got[t]["run_id"])

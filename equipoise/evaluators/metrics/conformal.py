@@ -5,7 +5,8 @@ Everything is DuckDB SQL (``sql/conf_*.sql``); Python only validates parameters 
 fragments together. Per group ({by}, default model x config):
 
 Units. ``conformal_lac`` / ``conformal_aps``: one unit per run x item, prediction sample
-``sample_index`` (default 0), with the softmax option probabilities of ``option_probs``. Items without
+``sample_index`` (default 0), with the softmax option probabilities of ``option_probs`` (the LAC and
+plain APS scores below are per-sample write-time facts, ``sql/sample_probs.sql``). Items without
 option scores are not units; they are counted (``n_unscored``). Every option of the item is a
 candidate; an option the backend did not score gets p = 0 (``n_target_unscored`` counts units whose
 target is such an option). ``conformal_sampling``: one unit per run x pool of samples (``pool``:
@@ -235,48 +236,84 @@ def _below(p: str) -> str:
     return f"coalesce(list_sum(list_filter(ps, lambda y: y < {p})), 0.0)"
 
 
-def _option_score_sql(score: str, params: dict) -> dict[str, str]:
-    """Template values of ``conf_option_units.sql`` for one score: the extra per-unit aggregates, the
-    list of scored options and the score of one of them (``o``) and of the target."""
-    if score == "lac":  # 1 - p of each option: no sum, so the list's order does not matter
-        return {
-            "ps_agg": "list(prob)",
-            "opt_agg": "",
-            "opt_cols": "",
-            "opt_list": "ps",
-            "opt_score": "1.0 - o",
-            "target_score": "1.0 - p_target",
-        }
-    if score != "aps":
+# LAC and plain APS: the unit's scores are per-sample facts (``sample_probs``, one row per sample):
+# every option's score (unscored options included, as 1.0) and the target's, read as they are
+_SCORES_FACT = (
+    "SELECT run_id, item_id, n_scored, target_prob IS NOT NULL AS has_target, {score}_scores AS ss, "
+    "{score}_target AS st FROM sample_probs WHERE sample_index = {sample_index}"
+)
+# otherwise (plain views, randomised APS) the query computes them from option rows: the item's
+# option count, for the unscored options' 1.0 scores
+_N_OPTIONS_CTE = """n_options AS (
+    SELECT dataset_id, config, item_id, count(*) AS n_opt FROM options GROUP BY dataset_id, config, item_id
+),"""
+_N_OPTIONS_JOIN = (
+    "\n    LEFT JOIN n_options no ON no.dataset_id = sc.dataset_id AND no.config = sc.config "
+    "AND no.item_id = sc.item_id"
+)
+
+
+def _option_score_sql(score: str, params: dict, from_facts: bool) -> dict[str, str]:
+    """Template values of ``conf_option_units.sql`` for one score: the per-unit query ``probs``,
+    what ``base`` takes from it, and the unit's score list ``ss`` and target score ``st``.
+
+    ``from_facts`` (the base relations are fixed for the connection: the store's facts or TEMP
+    tables): LAC and plain APS read both from the per-sample rows of ``sample_probs`` (whose SQL
+    holds their formulas). Otherwise ``sample_probs`` is a view that would join ``scored`` again on
+    every call, so the query groups ``option_probs`` itself with the same formulas (the fact tests
+    compare the two paths cell by cell); so does randomised APS always, as U depends on the seed
+    and the option's identity."""
+    sample = _int(params, "sample_index", 0)
+    if score not in ("lac", "aps"):
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-    if not params.get("aps_randomized"):
+    randomized = score == "aps" and bool(params.get("aps_randomized"))
+    if from_facts and not randomized:
         return {
-            "ps_agg": "list_sort(list(prob))",
-            "opt_agg": "",
-            "opt_cols": "",
-            "opt_list": "ps",
-            "opt_score": f"1.0 - {_below('o')}",
-            "target_score": f"1.0 - {_below('p_target')}",
+            "probs_sql": _SCORES_FACT.format(score=score, sample_index=sample),
+            "n_options_cte": "",
+            "n_options_join": "",
+            "base_cols": ", pr.ss, pr.st",
+            "ss_expr": "ss",
+            "st_expr": "st",
         }
-    # U ~ Uniform(0, 1): 52 bits of md5(seed, item, option identity), so the same item and option draw
-    # the same U in calibration and in prediction, in every repeat and model
-    u = (
-        f"((('0x' || substr(md5('{_int(params, 'seed', 0)}:aps:' || item_id || ':' || option_id), 1, 13))"
-        "::BIGINT + 0.5) / 4503599627370496.0)"
-    )
-    pu = f"{{'p': prob, 'u': {u}}}"
+    pu_agg, pu_cols = "", ""
+    if score == "lac":  # 1 - p of each option
+        opt_list, opt_score, target_score = "ps", "1.0 - o", "1.0 - p_target"
+    elif not randomized:
+        opt_list, opt_score, target_score = "ps", f"1.0 - {_below('o')}", f"1.0 - {_below('p_target')}"
+    else:
+        # U ~ Uniform(0, 1): 52 bits of md5(seed, item, option identity), so the same item and option
+        # draw the same U in calibration and in prediction, in every repeat and model
+        u = (
+            f"((('0x' || substr(md5('{_int(params, 'seed', 0)}:aps:' || item_id || ':' || option_id), 1, 13))"
+            "::BIGINT + 0.5) / 4503599627370496.0)"
+        )
+        pu = f"{{'p': prob, 'u': {u}}}"
 
-    def rand(x: str) -> str:
-        p, w = f"struct_extract({x}, 'p')", f"struct_extract({x}, 'u')"
-        return f"1.0 - {_below(p)} - (1.0 - {w}) * {p}"
+        def rand(x: str) -> str:
+            p, w = f"struct_extract({x}, 'p')", f"struct_extract({x}, 'u')"
+            return f"1.0 - {_below(p)} - (1.0 - {w}) * {p}"
 
+        pu_agg = f", list({pu}) AS pu, any_value({pu}) FILTER (WHERE is_target) AS tu"
+        pu_cols = ", pr.pu, pr.tu"
+        opt_list, opt_score, target_score = "pu", rand("o"), rand("tu")
     return {
-        "ps_agg": "list_sort(list(prob))",
-        "opt_agg": f", list({pu}) AS pu, any_value({pu}) FILTER (WHERE is_target) AS tu",
-        "opt_cols": ", pr.pu, pr.tu",
-        "opt_list": "pu",
-        "opt_score": rand("o"),
-        "target_score": rand("tu"),
+        "probs_sql": (
+            "SELECT run_id, item_id, list_sort(list(prob)) AS ps, count(*) AS n_scored, "
+            "bool_or(is_target) AS has_target, max(prob) FILTER (WHERE is_target) AS p_target"
+            f"{pu_agg} FROM option_probs WHERE sample_index = {sample} GROUP BY run_id, item_id"
+        ),
+        "n_options_cte": _N_OPTIONS_CTE,
+        "n_options_join": _N_OPTIONS_JOIN,
+        "base_cols": (
+            ", coalesce(no.n_opt, 0) - coalesce(pr.n_scored, 0) AS n_unscored_options, pr.ps, pr.p_target"
+            + pu_cols
+        ),
+        "ss_expr": (
+            f"list_concat(list_transform({opt_list}, lambda o: {opt_score}), "
+            "list_resize([]::DOUBLE[], greatest(n_unscored_options, 0), 1.0))"
+        ),
+        "st_expr": f"CASE WHEN has_target THEN {target_score} ELSE 1.0 END",
     }
 
 
@@ -321,7 +358,7 @@ _NO_MULTI_ITEM_OPTIONS = """multi_item_options AS (
 ),"""
 
 
-def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
+def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_facts: bool = False) -> str:
     cov_expr = f"sc.{cov}" if cov else "NULL"
     # only the columns the units need (not sc.*: ~40 columns, raw_output included, which at 10M
     # predictions is what ran out of memory)
@@ -351,7 +388,7 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None) -> str:
         unit_cols=", ".join(dict.fromkeys(keep)),
         id_ctes=_ids_sql("sc0", values),
         **ids,
-        **_option_score_sql(score, params),
+        **_option_score_sql(score, params, from_facts),
         **values,
     )
 
@@ -402,6 +439,11 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
     return f"SELECT ukey, hs, uk FROM {table}"
 
 
+def _fixed(con: duckdb.DuckDBPyConnection | None) -> bool:
+    """Whether the base relations are fixed tables for ``con`` (facts or TEMP tables, not views)."""
+    return con is not None and _materialized(con)
+
+
 def _key_col(score: str, params: dict) -> str:
     return "base_id" if score == "sampling" and params.get("pool", "item") == "base" else "item_id"
 
@@ -412,7 +454,8 @@ def conformal_sql(
     """The rendered query of conformal_lac / conformal_aps / conformal_sampling (with ``con``: reading
     the split hashes shared by the connection's conformal metrics where it may)."""
     values = _common(by, params)
-    units = _units_sql(score, values, params, None)  # validates the pool before its column is used
+    # validates the pool before its column is used
+    units = _units_sql(score, values, params, None, _fixed(con))
     keys = _split_keys_source(con, values, _key_col(score, params))
     summary = "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
     return (
@@ -435,7 +478,7 @@ def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnect
     if cov in by:
         raise ValueError(f"coverage_by {cov!r} is already a grouping column")
     values = _common(by, params)
-    units = _units_sql(str(score), values, params, cov)
+    units = _units_sql(str(score), values, params, cov, _fixed(con))
     keys = _split_keys_source(con, values, _key_col(str(score), params))
     return (
         "WITH "

@@ -9,8 +9,9 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
 - ``facts_scored``            = the ``scored`` relation (one row per prediction sample);
 - ``facts_option_probs``      = the ``option_probs`` relation (one row per scored option);
 - ``facts_sample_probs``      = the ``sample_probs`` relation (``sql/sample_probs.sql``: per sample,
-  chosen- and target-option probability and the multi-class Brier term, so that the calibration
-  metrics join one row per sample instead of searching or aggregating ``option_probs``);
+  chosen- and target-option probability, the multi-class Brier term and the conformal LAC / APS
+  score of every option and of the target, so that the calibration and conformal metrics join one
+  row per sample instead of searching or aggregating ``option_probs``);
 - ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool.
 
 Every fact row belongs to one run and depends only on that run's rows (its ``runs`` row, its
