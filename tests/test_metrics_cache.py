@@ -83,3 +83,41 @@ def test_an_unwritable_cache_folder_only_disables_the_cache(store: Path) -> None
     cache.cache_dir(store).write_text("a file where the folder would be")
     out = _metrics(store, "--format", "json", "--metric", "answer_rates")
     assert json.loads(out)["answer_rates"]
+
+
+def test_changed_metric_code_is_never_served_from_the_cache(store: Path, monkeypatch) -> None:
+    """Same store, same package version, other metric code (an editable install between commits):
+    the old result must not be served, so the digest of the metric sources is part of the key."""
+    _metrics(store, "--format", "json", "--metric", "answer_rates")
+    with monkeypatch.context() as m:
+        _refuse_compute(m)
+        _metrics(store, "--format", "json", "--metric", "answer_rates")  # same code: a hit
+    monkeypatch.setattr(cache, "code_digest", lambda: "other metric code")
+    calls: list[str] = []
+    real = registry.compute
+
+    def counting(con, name, *a, **k):
+        calls.append(name)
+        return real(con, name, *a, **k)
+
+    monkeypatch.setattr(registry, "compute", counting)
+    _metrics(store, "--format", "json", "--metric", "answer_rates")
+    assert calls == ["answer_rates"]
+
+
+def test_code_digest_changes_with_any_metric_sql_or_module(tmp_path: Path, monkeypatch) -> None:
+    """The digest reads the metric package's files: a one-byte change to a SQL file or a module
+    gives another digest (checked on a copy of the package, never on the installed files)."""
+    import shutil
+
+    pkg = tmp_path / "metrics"
+    shutil.copytree(Path(cache.__file__).parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(cache, "__file__", str(pkg / "cache.py"))
+    digests = []
+    for edit in (None, pkg / "sql" / "answer_rates.sql", pkg / "calibration.py"):
+        if edit is not None:
+            edit.write_bytes(edit.read_bytes() + b"\n")
+        cache.code_digest.cache_clear()
+        digests.append(cache.code_digest())
+    cache.code_digest.cache_clear()
+    assert len(set(digests)) == 3

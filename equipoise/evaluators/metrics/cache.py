@@ -2,12 +2,15 @@
 
 Why: a metrics pass over a large store takes seconds to minutes, and the same tables are asked for
 again and again (a report, a notebook, a second format). A result depends only on the store's
-content, the package version, the metric, its grouping and its parameters, so it is stored under a
-key made of exactly those, in a folder next to the store (``<store>.cache/``):
+content, the code that computes it, the metric, its grouping and its parameters, so it is stored
+under a key made of exactly those, in a folder next to the store (``<store>.cache/``):
 
 - the content version is :func:`equipoise.evaluators.metrics.facts.fingerprint` (row counts and
   sums of row hashes of every source table, plus the fact definitions): any change to the rows,
   through this package or plain SQL, gives another key, so a stale result is never served;
+- the code version is the package version plus a digest of the metric modules and their SQL files
+  (:func:`code_digest`): a result computed by other metric code (an editable install between
+  commits, a changed output shape under an unchanged version number) is never served;
 - computing that fingerprint is one scan of the store, so it is memoised in ``stat.json`` against
   the store file's size and modification time (nanoseconds; the write-ahead log's too). A write
   changes the file's mtime, so a matching stat means the fingerprint is still right; a mismatch
@@ -21,6 +24,7 @@ read-only location) disables the cache silently: it is an optimisation, never a 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -64,11 +68,25 @@ def content_version(con: duckdb.DuckDBPyConnection, store: Path) -> str:
     return fp
 
 
+@functools.cache
+def code_digest() -> str:
+    """sha256 over the metric package's Python and SQL files (relative path and bytes, in path
+    order). Why: the package version does not change between commits of an editable install, so
+    without this a metric whose SQL or output shape changed would be served from an old result.
+    Read once per process (a few dozen small files)."""
+    root = Path(__file__).parent
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.suffix in {".py", ".sql"} and p.is_file()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        h.update(f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def key(version: str, name: str, by: Sequence[str] | None, params: dict) -> str:
     from equipoise import __version__
 
     text = json.dumps(
-        [CACHE_FORMAT, __version__, version, name, None if by is None else list(by), params],
+        [CACHE_FORMAT, __version__, code_digest(), version, name, None if by is None else list(by), params],
         sort_keys=True,
         default=repr,
     )
