@@ -208,7 +208,8 @@ def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], di
         else:
             prepare_samples(con, p, by)
         n_bins = int(p["n_bins"])  # type: ignore[call-overload]
-        return render_sql(REGISTRY[name], by, {**p, "bin_expr": bin_sql("confidence", n_bins)})
+        extra = {"bin_expr": bin_sql("confidence", n_bins), "block_counts": _BLOCK_COUNTS}
+        return render_sql(REGISTRY[name], by, {**p, **extra})
 
     return sql
 
@@ -227,6 +228,13 @@ def _runner(
 
 _NEEDS = ("predictions", "option_scores")
 _COUNTS = ("n_total", "n", "n_excluded", "n_unparsed", "n_no_confidence")
+# the _COUNTS of a group from its cal_blocks rows (n_b rows each), one definition for every metric
+# that aggregates blocks ({block_counts} in cal_auroc.sql and cal_selective.sql)
+_BLOCK_COUNTS = """coalesce(sum(n_b), 0)::BIGINT AS n_total,
+           coalesce(sum(n_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n,
+           coalesce(sum(n_b) FILTER (WHERE cal_status <> 'used'), 0)::BIGINT AS n_excluded,
+           coalesce(sum(n_b) FILTER (WHERE cal_status = 'unparsed'), 0)::BIGINT AS n_unparsed,
+           coalesce(sum(n_b) FILTER (WHERE cal_status = 'no_confidence'), 0)::BIGINT AS n_no_confidence"""
 
 
 def _metric(name: str, sql: str, description: str, columns: Sequence[str] | None = None) -> None:

@@ -14,11 +14,7 @@ WITH r AS (
 ),
 g AS (
     SELECT {by}
-           coalesce(sum(n_b), 0)::BIGINT                                      AS n_total,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT   AS n,
-           coalesce(sum(n_b) FILTER (WHERE cal_status <> 'used'), 0)::BIGINT  AS n_excluded,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'unparsed'), 0)::BIGINT AS n_unparsed,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'no_confidence'), 0)::BIGINT AS n_no_confidence,
+           {block_counts},
            coalesce(sum(c_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT   AS n_correct,
            coalesce(sum(n_b - c_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n_incorrect,
            sum(c_b * avg_rank) FILTER (WHERE cal_status = 'used')             AS rank_sum_correct

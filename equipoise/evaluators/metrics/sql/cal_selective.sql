@@ -23,11 +23,7 @@
 -- variables j and q.
 WITH g AS (
     SELECT {by}
-           coalesce(sum(n_b), 0)::BIGINT                             AS n_total,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n,
-           coalesce(sum(n_b) FILTER (WHERE cal_status <> 'used'), 0)::BIGINT AS n_excluded,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'unparsed'), 0)::BIGINT AS n_unparsed,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'no_confidence'), 0)::BIGINT AS n_no_confidence,
+           {block_counts},
            coalesce(sum(e_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n_errors,
            sum(CASE WHEN n_b = 1 THEN (e_before + e_b)::DOUBLE / (k_before + 1)
                     ELSE list_sum(list_transform(range(1, n_b + 1),
