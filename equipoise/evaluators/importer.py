@@ -51,7 +51,14 @@ from equipoise import __version__
 from equipoise.evaluators.backends.base import Decoding
 from equipoise.evaluators.parsing import parse_answer
 from equipoise.evaluators.runner import run_id_for
-from equipoise.evaluators.store import OptionScoreRow, PredictionRow, RunRow, insert_batch, insert_selects
+from equipoise.evaluators.store import (
+    OptionScoreRow,
+    PredictionRow,
+    RunRow,
+    insert_batch,
+    insert_selects,
+    sql_literal,
+)
 from equipoise.schemas.clindet import canonical_json
 from equipoise.schemas.features import arrow_schema
 
@@ -499,10 +506,10 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
     if len(named) > 63:
         return None  # more labels than bits: the record-by-record path judges such a file
     bit_of = {lab: 1 << b for b, lab in enumerate(named)}
-    lbit = " ".join(f"WHEN {_sql_str(k)} THEN {v}" for k, v in bit_of.items())
-    lbit = f"CASE label {lbit} ELSE 0 END" if bit_of else "0"
-    pbit = " ".join(f"WHEN {_sql_str(k)} THEN {v}" for k, v in bit_of.items())
-    pbit = f"CASE i.parsed_label {pbit} END" if bit_of else "NULL::BIGINT"
+    # a label's bit, for an option's label (lbit, 0 when not named) and a record's parsed label (pbit)
+    whens = " ".join(f"WHEN {sql_literal(k)} THEN {v}" for k, v in bit_of.items())
+    lbit = f"CASE label {whens} ELSE 0 END" if bit_of else "0"
+    pbit = f"CASE i.parsed_label {whens} END" if bit_of else "NULL::BIGINT"
     keep = ", ".join(
         f"i.{c}"
         for c in (
@@ -526,7 +533,7 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
     if len(pix_of) <= _PAIR_SCANS:
         opt_sql = " UNION ALL ".join(
             f"""SELECT {pix}::INTEGER AS pix, item_id, {bits} FROM options
-                WHERE dataset_id = {_sql_str(did)} AND config = {_sql_str(cfg)} GROUP BY item_id"""
+                WHERE dataset_id = {sql_literal(did)} AND config = {sql_literal(cfg)} GROUP BY item_id"""
             for (did, cfg), pix in pix_of.items()
         )
     else:
@@ -602,7 +609,7 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
     # the run id of each row: a literal when the file holds one run (no join at all), else a join
     # of the small run index
     if len(run_list) == 1:
-        run_src, run_col = "_imp_rows r", f"{_sql_str(run_list[0])} AS run_id"
+        run_src, run_col = "_imp_rows r", f"{sql_literal(run_list[0])} AS run_id"
     else:
         run_ids = pyarrow.table(
             {"rix": pyarrow.array(range(len(run_list)), pyarrow.int32()), "run_id": run_list}
@@ -631,7 +638,7 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
             score_sql = f"""
                 SELECT * FROM (
                     SELECT {run_col}, r.item_id, r.sample_index::INTEGER AS sample_index,
-                           unnest([{", ".join(_sql_str(lab) for lab in labels)}]) AS label,
+                           unnest([{", ".join(sql_literal(lab) for lab in labels)}]) AS label,
                            unnest([{", ".join(f"r.{c}" for c in lp)}]) AS logprob
                     FROM {run_src})
                 WHERE logprob IS NOT NULL"""
@@ -650,10 +657,6 @@ def _one(con: duckdb.DuckDBPyConnection, query: str) -> object:
     """The single value of ``query`` (fetched whole: DuckDB refuses new work while a result is
     partly unread)."""
     return con.execute(query).fetchall()[0][0]
-
-
-def _sql_str(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def _item_options(con: duckdb.DuckDBPyConnection, dataset_id: str, config: str) -> dict[str, dict[str, str]]:

@@ -318,6 +318,12 @@ def scalar(con: duckdb.DuckDBPyConnection, query: str, params: list | None = Non
     return rows[0][0] if rows else None
 
 
+def sql_literal(text: str) -> str:
+    """``text`` as a SQL string literal (single quotes doubled): for values spliced into SQL that
+    DuckDB cannot take as parameters (a COPY target, an IN list built once for several queries)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 class StoreLockedError(RuntimeError):
     """Another process holds the store's write lock (DuckDB allows one writer per file)."""
 
@@ -500,11 +506,7 @@ def _append_sql(
     keys = ", ".join(key)
     on = " AND ".join(f"t.{k} = s.{k}" for k in key)
     if unique:
-        among = (
-            ", ".join("'" + r.replace("'", "''") + "'" for r in run_ids)
-            if run_ids
-            else f"SELECT DISTINCT run_id FROM {source}"
-        )
+        among = ", ".join(map(sql_literal, run_ids)) if run_ids else f"SELECT DISTINCT run_id FROM {source}"
         return f"""
         INSERT INTO {name} ({cols})
         SELECT {cols} FROM {source} s
@@ -532,7 +534,7 @@ def _holds_runs(con: duckdb.DuckDBPyConnection, name: str, run_ids: Sequence[str
     """Whether hot table ``name`` already holds a row of any of ``run_ids``: when it does not, a
     batch whose keys are known unique can be appended without the anti-join (which would hash
     every incoming key only to find nothing)."""
-    among = ", ".join("'" + r.replace("'", "''") + "'" for r in run_ids)
+    among = ", ".join(map(sql_literal, run_ids))
     return bool(con.execute(f"SELECT 1 FROM {name} WHERE run_id IN ({among}) LIMIT 1").fetchall())
 
 

@@ -18,6 +18,7 @@ import duckdb
 import pandas as pd
 
 from equipoise.evaluators.metrics import facts
+from equipoise.evaluators.store import sql_literal
 
 SQL_DIR = Path(__file__).parent / "sql"
 
@@ -110,12 +111,11 @@ def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
     if _materialized(con):
         return
     if materialize and facts.current(con) is not None:
-        con.execute(
-            f"""CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM main.facts_scored;
-            CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs;
-            CREATE OR REPLACE TEMP VIEW sample_probs AS SELECT * FROM main.facts_sample_probs;
-            CREATE TEMP TABLE {FACTS_MARK} (x INTEGER);"""
+        # each base relation is stored as the fact table of its name (facts.FACT_TABLES)
+        views = "".join(
+            f"CREATE OR REPLACE TEMP VIEW {r} AS SELECT * FROM main.facts_{r};\n" for r in BASE_RELATIONS
         )
+        con.execute(f"{views}CREATE TEMP TABLE {FACTS_MARK} (x INTEGER);")
         return
     sql = (SQL_DIR / "base_views.sql").read_text(encoding="utf-8")
     sql = sql.rstrip().rstrip(";") + ";\nCREATE OR REPLACE TEMP VIEW sample_probs AS\n" + sample_probs_sql()
@@ -210,7 +210,7 @@ def write_result(
         else:
             df.to_parquet(path, index=False)
         return len(df)
-    quoted = "'" + str(path).replace("'", "''") + "'"
+    quoted = sql_literal(str(path))
     fmt = "FORMAT csv, HEADER true" if csv else "FORMAT parquet"
     copied = con.execute(f"COPY ({sql}) TO {quoted} ({fmt})").fetchone()  # (rows written,)
     return int(copied[0]) if copied else 0

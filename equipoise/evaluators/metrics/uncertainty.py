@@ -77,6 +77,7 @@ from equipoise.evaluators.metrics.registry import (
     temp_tables,
     uses_facts,
 )
+from equipoise.evaluators.store import sql_literal
 
 # a statement of confidence: the word, up to 20 non-digit characters, a number, an optional '%'
 CONFIDENCE_RE = r"(?i)\bconfidence\b[^0-9\n]{0,20}?([0-9]+(?:\.[0-9]+)?)\s*(%?)"
@@ -133,10 +134,6 @@ _POOLS = {"item": "sc.item_id", "base": "sc.base_id"}
 _SPLIT_KEYS = ("item_id", "base_id")
 
 
-def _lit(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _fraction(params: dict, name: str) -> float:
     value = float(params[name])
     if not 0.0 < value < 1.0:
@@ -187,8 +184,8 @@ def scores_sql(by: Sequence[str], params: dict | None = None, ordered: bool = Tr
         {
             "strata": _strata(by, "s0."),
             "pool_key": _POOLS[str(pool)],
-            "conf_re": _lit(CONFIDENCE_RE),
-            "hedge_re": _lit(HEDGE_RE),
+            "conf_re": sql_literal(CONFIDENCE_RE),
+            "hedge_re": sql_literal(HEDGE_RE),
         },
     )
     return sql + _order_by_key(by) + "\n" if ordered else sql
@@ -331,7 +328,7 @@ def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) 
         params,
         n_scores=str(len(cols)),
         score_casts=", ".join(f"CAST({c} AS DOUBLE)" for c in cols),
-        score_names=", ".join(_lit(c) for c in cols),
+        score_names=", ".join(sql_literal(c) for c in cols),
         **_group_ids(by),
     )
 
