@@ -12,7 +12,9 @@ candidate; an option the backend did not score gets p = 0 (``n_target_unscored``
 target is such an option). ``conformal_sampling``: one unit per run x pool of samples (``pool``:
 'item' = the item's samples 0..M-1, 'base' = all samples of the run's items sharing a base_id, i.e.
 option-shuffled copies of one question); options are matched by ``option_id`` (identity), never by
-letter.
+letter. A pool 'item' is one run x item, so its counts, vote and scores are per-pool write-time facts
+(``sql/sampling_pools.sql``) that a connection with fixed base relations reads, one row per pool,
+instead of grouping every sample (the views, and pool 'base', group the samples in the query).
 
 Nonconformity of option y:
 
