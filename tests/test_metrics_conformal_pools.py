@@ -199,3 +199,22 @@ def test_the_pool_definition_is_part_of_the_fact_fingerprint(
         assert facts.fingerprint(con) != before and facts.current(con) is None
     finally:
         con.close()
+
+
+def test_every_pool_stratum_is_a_run_or_item_column(store: Path) -> None:
+    """The pools take their group / stratum / coverage columns from one sample: right only because
+    each is a column of `runs` or `items`, constant over a run x item. A per-sample column added to
+    CONF_STRATA must fail here (the pooled units would then need today's per-sample grouping)."""
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con)
+        cols = {r[0] for t in ("runs", "items") for r in con.execute(f"DESCRIBE main.{t}").fetchall()}
+        assert set(conformal.CONF_STRATA) <= cols
+        listed = ", ".join(conformal.CONF_STRATA)
+        n = con.execute(
+            f"SELECT (SELECT count(*) FROM (SELECT DISTINCT run_id, item_id, {listed} FROM scored)), "
+            "(SELECT count(*) FROM (SELECT DISTINCT run_id, item_id FROM scored))"
+        ).fetchone()
+    finally:
+        con.close()
+    assert n is not None and n[0] == n[1] > 0
