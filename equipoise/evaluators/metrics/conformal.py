@@ -12,7 +12,9 @@ candidate; an option the backend did not score gets p = 0 (``n_target_unscored``
 target is such an option). ``conformal_sampling``: one unit per run x pool of samples (``pool``:
 'item' = the item's samples 0..M-1, 'base' = all samples of the run's items sharing a base_id, i.e.
 option-shuffled copies of one question); options are matched by ``option_id`` (identity), never by
-letter.
+letter. A pool 'item' is one run x item, so its counts, vote and scores are per-pool write-time facts
+(``sql/sampling_pools.sql``) that a connection with fixed base relations reads, one row per pool,
+instead of grouping every sample (the views, and pool 'base', group the samples in the query).
 
 Nonconformity of option y:
 
@@ -83,6 +85,7 @@ from equipoise.evaluators.metrics.registry import (
     prepare,
     register,
     temp_tables,
+    uses_facts,
 )
 
 # columns a split may be stratified by, or coverage reported by
@@ -358,6 +361,48 @@ _NO_MULTI_ITEM_OPTIONS = """multi_item_options AS (
 ),"""
 
 
+# what a pool 'item' of sampling_pools (``sql/sampling_pools.sql``) holds besides its keys and strata
+_POOL_FACTS: tuple[str, ...] = (
+    "m",
+    "m_option",
+    "n_targets",
+    "target_option_id",
+    "hit",
+    "mv_correct",
+    "ss",
+    "st",
+)
+POOLS_RELATION = "sampling_pools"
+
+
+def sampling_pools_sql() -> str:
+    """The per run x item sample pools of conformal_sampling with pool 'item' (``sql/sampling_pools.sql``,
+    a SELECT over ``scored`` and ``options``), with every column a conformal metric may group,
+    stratify or report coverage by (``CONF_STRATA``): a write-time fact (``facts.py``)."""
+    cols = dict.fromkeys(["dataset_id", *(c for c in CONF_STRATA if c != "run_id")])
+    return _render("sampling_pools.sql", strata=", ".join(f"sc.{c}" for c in cols))
+
+
+def _pooled(score: str, params: dict) -> bool:
+    """Whether the units are sample pools of one run x item (conformal_sampling, pool 'item')."""
+    return score == "sampling" and params.get("pool", "item") == "item"
+
+
+def _prepare_pools(con: duckdb.DuckDBPyConnection, score: str, params: dict) -> None:
+    """Make the relation ``sampling_pools`` that the units of a connection with fixed base relations
+    read for pool 'item' (``conf_sampling_units_pooled.sql``): a view over the store's fact table
+    when the facts are in use, else a TEMP table computed once from the connection's ``scored`` (so a
+    pass computing several sampling metrics groups the samples once). Views (a connection that may
+    write) compute the units from the samples in every query (``conf_sampling_units.sql``)."""
+    if not _fixed(con) or not _pooled(score, params):
+        return
+    if uses_facts(con):
+        fact = f"main.facts_{POOLS_RELATION}"
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {POOLS_RELATION} AS SELECT * FROM {fact}")
+    elif POOLS_RELATION not in temp_tables(con):
+        con.execute(f"CREATE TEMP TABLE {POOLS_RELATION} AS {sampling_pools_sql()}")
+
+
 def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_facts: bool = False) -> str:
     cov_expr = f"sc.{cov}" if cov else "NULL"
     # only the columns the units need (not sc.*: ~40 columns, raw_output included, which at 10M
@@ -370,6 +415,16 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_fac
         pool = params.get("pool", "item")
         if pool not in _POOLS:
             raise ValueError(f"pool must be one of {sorted(_POOLS)}, got {pool!r}")
+        if from_facts and pool == "item":
+            # one row per pool, computed once (``_prepare_pools`` made the relation)
+            return _render(
+                "conf_sampling_units_pooled.sql",
+                cov_expr=cov_expr,
+                unit_cols=", ".join(dict.fromkeys([*keep, *_POOL_FACTS])),
+                id_ctes=_ids_sql("sc_all", values),
+                **ids,
+                **values,
+            )
         keep += ["base_id", "parsed_option_id", "target_option_id"]
         cols = ", ".join(dict.fromkeys(keep))
         return _render(
@@ -498,6 +553,7 @@ def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnect
 def _runner(score: str):
     def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
         prepare(con)
+        _prepare_pools(con, score, params)
         return con.execute(conformal_sql(score, by, params, con)).df()
 
     return run
@@ -505,6 +561,7 @@ def _runner(score: str):
 
 def _coverage_by(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     prepare(con)
+    _prepare_pools(con, str(params["score"]), params)
     return con.execute(coverage_by_sql(by, params, con)).df()
 
 

@@ -12,7 +12,11 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
   chosen- and target-option probability, the multi-class Brier term and the conformal LAC / APS
   score of every option and of the target, so that the calibration and conformal metrics join one
   row per sample instead of searching or aggregating ``option_probs``);
-- ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool.
+- ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool;
+- ``facts_sampling_pools``    = per run x item, the pool of its samples that conformal_sampling
+  scores with pool 'item' (``sql/sampling_pools.sql``: sample counts, target, hit, majority vote and
+  every option's sampling score), so that the metric reads one row per pool instead of grouping
+  every sample.
 
 Every fact row belongs to one run and depends only on that run's rows (its ``runs`` row, its
 predictions and option scores) and on the shared tables (``datasets``, ``items``, ``options``):
@@ -54,6 +58,7 @@ FACT_TABLES: tuple[str, ...] = (
     "facts_option_probs",
     "facts_sample_probs",
     *(f"facts_unc_scores_{p}" for p in POOLS),
+    "facts_sampling_pools",
 )
 META_KEY = "facts_fingerprint"
 # bump when the meaning of a fact changes in a way the SQL text does not show
@@ -62,12 +67,13 @@ FACTS_FORMAT = 1
 
 def _definitions() -> str:
     """Everything the facts are computed from besides the rows: SQL files and regexes."""
-    from equipoise.evaluators.metrics import uncertainty
+    from equipoise.evaluators.metrics import conformal, uncertainty
     from equipoise.evaluators.metrics.registry import SQL_DIR
 
     texts = [str(FACTS_FORMAT), uncertainty.CONFIDENCE_RE, uncertainty.HEDGE_RE]
     files = ("base_views.sql", "sample_probs.sql", "unc_scores.sql")
     texts += [(SQL_DIR / f).read_text(encoding="utf-8") for f in files]
+    texts.append(conformal.sampling_pools_sql())
     return "\x1e".join(texts)
 
 
@@ -194,6 +200,7 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
     None), or only the rows of the runs the SQL predicate ``todo`` selects, appended (their old
     rows are already deleted). The per-item uncertainty scores read the fact rows just written,
     not the joins again (less memory at 10M)."""
+    from equipoise.evaluators.metrics.conformal import sampling_pools_sql
     from equipoise.evaluators.metrics.registry import STRATA, sample_probs_sql
     from equipoise.evaluators.metrics.uncertainty import scores_sql
 
@@ -217,6 +224,8 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
         fill("facts_sample_probs", sample_probs_sql())
         for pool in POOLS:
             fill(f"facts_unc_scores_{pool}", scores_sql(list(STRATA), {"pool": pool}))
+        # per run x item: the sample pools of conformal_sampling (pool 'item')
+        fill("facts_sampling_pools", sampling_pools_sql())
     finally:
         con.execute(
             """DROP VIEW IF EXISTS scored; DROP VIEW IF EXISTS option_probs;
