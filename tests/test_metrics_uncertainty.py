@@ -868,6 +868,21 @@ def test_score_auroc_matches_sklearn(store, pool):
     assert checked >= 20
 
 
+def test_score_auroc_same_whichever_way_a_score_is_counted(store, monkeypatch):
+    """unc_auroc counts the discrete scores per distinct value and ranks the others: both ways give
+    the same integer Mann-Whitney statistic, so every score put through either way (all counted,
+    all ranked) gives exactly the same table, ties, NaN and NULL included."""
+    from equipoise.evaluators.metrics import uncertainty
+
+    by = ["model", "config"]
+    mixed = _compute(store, "unc_auroc", by)
+    assert set(uncertainty.DISCRETE_COLUMNS) & set(mixed.score)  # both ways are in use
+    assert set(mixed.score) - set(uncertainty.DISCRETE_COLUMNS)
+    for split in ((), SCORE_COLUMNS):
+        monkeypatch.setattr(uncertainty, "DISCRETE_COLUMNS", split)
+        pd.testing.assert_frame_equal(_compute(store, "unc_auroc", by), mixed, check_exact=True)
+
+
 def test_score_auroc_single_class_is_null(crafted):
     got = _compute(crafted, "unc_auroc", [], {"scores": ["avg_nll"]})
     assert len(got) == 1

@@ -319,15 +319,44 @@ def _group_ids(by: Sequence[str]) -> dict[str, str]:
     }
 
 
+# scores that take few distinct values (counts, fractions of a handful of samples, parsed
+# confidence statements): unc_auroc collapses their rows to counts per value instead of ranking
+# them. Any score gives the same AUROC either way; the split only decides the cost.
+DISCRETE_COLUMNS: tuple[str, ...] = (
+    "sample_consistency",
+    "semantic_entropy",
+    "elicited_confidence",
+    "elicited_uncertainty",
+    *FEATURE_COLUMNS,
+)
+
+
+def _long_scores(cols: Sequence[str], positions: Sequence[int], n_scores: int) -> str:
+    """One row per (item, score) of ``keyed`` for the scores ``cols`` at ``positions`` of the
+    metric's score list: _part = _gid * n_scores + position, _incorrect, and the score as DOUBLE in
+    _v (NaN read as NULL). An empty list gives no rows."""
+    if not cols:
+        return "SELECT NULL::BIGINT AS _part, NULL::BOOLEAN AS _incorrect, NULL::DOUBLE AS _v WHERE false"
+    values = ", ".join(f"CAST({c} AS DOUBLE)" for c in cols)
+    keys = ", ".join(str(k) for k in positions)
+    return (
+        f"SELECT _gid * {n_scores} + _k AS _part, _incorrect, CASE WHEN NOT isnan(_u) THEN _u END AS _v "
+        f"FROM (SELECT _gid, _incorrect, unnest([{values}]) AS _u, unnest([{keys}]) AS _k FROM keyed)"
+    )
+
+
 def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
+    discrete = [k for k, c in enumerate(cols) if c in DISCRETE_COLUMNS]
+    continuous = [k for k, c in enumerate(cols) if c not in DISCRETE_COLUMNS]
     return _wrapped(
         con,
         "unc_auroc",
         by,
         params,
         n_scores=str(len(cols)),
-        score_casts=", ".join(f"CAST({c} AS DOUBLE)" for c in cols),
+        long_discrete=_long_scores([cols[k] for k in discrete], discrete, len(cols)),
+        long_continuous=_long_scores([cols[k] for k in continuous], continuous, len(cols)),
         score_names=", ".join(sql_literal(c) for c in cols),
         **_group_ids(by),
     )
