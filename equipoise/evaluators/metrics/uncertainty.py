@@ -334,13 +334,17 @@ DISCRETE_COLUMNS: tuple[str, ...] = (
 def _long_scores(cols: Sequence[str], positions: Sequence[int], n_scores: int) -> str:
     """One row per (item, score) of ``keyed`` for the scores ``cols`` at ``positions`` of the
     metric's score list: _part = _gid * n_scores + position, _incorrect, and the score as DOUBLE in
-    _v (NaN read as NULL). An empty list gives no rows."""
+    _v (NaN read as NULL). An empty list gives no rows. _part is a 4-byte UINTEGER, not the BIGINT
+    the arithmetic yields: the window sorts on (_part, _v), and the narrower key made that sort
+    about 25% cheaper (a store would need over 4e9 (group, score) pairs to overflow it, which
+    raises an error rather than a wrong number)."""
     if not cols:
-        return "SELECT NULL::BIGINT AS _part, NULL::BOOLEAN AS _incorrect, NULL::DOUBLE AS _v WHERE false"
+        return "SELECT NULL::UINTEGER AS _part, NULL::BOOLEAN AS _incorrect, NULL::DOUBLE AS _v WHERE false"
     values = ", ".join(f"CAST({c} AS DOUBLE)" for c in cols)
     keys = ", ".join(str(k) for k in positions)
     return (
-        f"SELECT _gid * {n_scores} + _k AS _part, _incorrect, CASE WHEN NOT isnan(_u) THEN _u END AS _v "
+        f"SELECT (_gid * {n_scores} + _k)::UINTEGER AS _part, _incorrect, "
+        "CASE WHEN NOT isnan(_u) THEN _u END AS _v "
         f"FROM (SELECT _gid, _incorrect, unnest([{values}]) AS _u, unnest([{keys}]) AS _k FROM keyed)"
     )
 
