@@ -57,6 +57,7 @@ EigenEmbed and RDS need an external sentence encoder: :func:`embedding_scores` c
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 
 import duckdb
@@ -259,6 +260,44 @@ def _bound_fragments(params: dict) -> dict[str, str]:
     }
 
 
+def _bounds_query(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
+    """One wide row per group of ``by``: _n_rows (the group's items) and, per score, the held-out
+    count, minimum and upper quantile (``n__x, lo__x, hi__x``), as a query of its own."""
+    frag = _bound_fragments(params)
+    return (
+        f"WITH sc AS (\n{_scores_source(con, by, params)}\n),\n"
+        f"wide AS (SELECT {_strata(by)} run_id, {frag['in_holdout']} AS in_holdout, "
+        f"{frag['score_casts']} FROM sc)\n"
+        f"SELECT {_by(by)} count(*) AS _n_rows, {frag['bound_aggregates']} FROM wide GROUP BY ALL"
+    )
+
+
+def _bounds_cache(
+    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict, create: bool
+) -> str | None:
+    """The TEMP table holding ``_bounds_query(by, params)`` on this connection, or None.
+
+    unc_normalization_bounds and unc_normalized aggregate the same bounds. When the base relations
+    are fixed (``registry.prepare(materialize=True)``, a read-only pass over many metrics) the
+    first keeps them in a TEMP table (``create``) and the second reads them from it instead of
+    aggregating again: the quantiles and minima of every score are about a quarter of
+    unc_normalized's CPU. ``equipoise metrics`` runs metrics in name order, so the bounds come
+    first; unc_normalized never creates the table, because aggregating inline from the per-item
+    rows it reads anyway costs less than a separate pass. The key is a hash of the rendered query,
+    which holds the grouping, the pool, the scores, the split and the quantile. With plain views
+    (a connection that may also write) nothing is kept: the bounds must follow the store.
+    """
+    if not _materialized(con):
+        return None
+    sql = _bounds_query(con, by, params)
+    table = "_unc_bounds_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
+    if table not in temp_tables(con):
+        if not create:
+            return None
+        con.execute(f"CREATE TEMP TABLE {table} AS {sql}")
+    return table
+
+
 def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", SCORE_COLUMNS)
     if by:
@@ -272,12 +311,17 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
         f"WHEN wide.{c} <= lo__{c} THEN 0.0 ELSE 1.0 END AS {c}"
         for c in cols
     )
+    frag = _bound_fragments(params)
+    cached = _bounds_cache(con, by, params, create=False)
     return _wrapped(
         con,
         "unc_normalized",
         by,
         params,
-        **_bound_fragments(params),
+        **frag,
+        bounds=f"SELECT * FROM {cached}"
+        if cached
+        else f"SELECT {_by(by)} {frag['bound_aggregates']} FROM wide GROUP BY ALL",
         wide_strata=_strata(by, "wide."),
         normalized_columns=normalized,
         bounds_join=bounds_join,
@@ -290,12 +334,14 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
 
 def _normalization_bounds_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", SCORE_COLUMNS)
+    cached = _bounds_cache(con, by, params, create=True)
     return _wrapped(
         con,
         "unc_normalization_bounds",
         by,
         params,
         **_bound_fragments(params),
+        bounds=f"SELECT * FROM {cached}" if cached else _bounds_query(con, by, params),
         unpivot_in=_unpivot_in(cols, ("n", "lo", "hi")),
     )
 
