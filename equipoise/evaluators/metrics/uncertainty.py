@@ -431,9 +431,10 @@ def _features_with_gid(
     con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict, slim: bool = False
 ) -> pd.DataFrame:
     """``combiner_features`` plus ``_gid``: the group's number, 0.. in the sorted order of its values
-    (the order of pandas ``groupby(sort=True)``, NULLs last). ``slim``: only what fitting reads (the
-    grouping columns, _gid, label, split, completeness, scaled features), sorted by _gid then
-    (run_id, item_id): no item strings cross into pandas."""
+    (the order of pandas ``groupby(sort=True)``, NULLs last). ``slim``: only what fitting reads
+    (_gid, label, split, completeness, scaled features), sorted by _gid then (run_id, item_id): no
+    strings cross into pandas, not even the grouping values repeated on every row (their conversion
+    was about a tenth of unc_combiners' CPU); ``_group_keys`` gives those once per group."""
     feats = _columns(params, "features", FEATURE_COLUMNS)
     prepare(con)
     scaled = [
@@ -464,7 +465,6 @@ def _features_with_gid(
         select=(
             ", ".join(
                 [
-                    *(f"base.{c}" for c in by),
                     "groups._gid",
                     "base.incorrect",
                     "base.is_train",
@@ -481,6 +481,17 @@ def _features_with_gid(
         else ", ".join([*(f"base.{c}" for c in by if c != "run_id"), "base.run_id", "base.item_id"]),
     )
     return con.execute(sql).df()
+
+
+def _group_keys(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> list[tuple]:
+    """The values of the grouping columns of each group, in _gid order: the distinct values sorted
+    as unc_combiner_features.sql numbers them (``row_number() OVER (ORDER BY by)``, NULLs last)."""
+    if not by:
+        return [()]
+    cols = ", ".join(by)
+    source = _scores_source(con, by, params)
+    sql = f"SELECT {cols} FROM (SELECT DISTINCT {cols} FROM ({source})) ORDER BY {cols}"
+    return [tuple(r) for r in con.execute(sql).fetchall()]
 
 
 def combiner_features(
@@ -510,8 +521,13 @@ def _fit_combiners(
     n_groups = int(gid_all.max()) + 1 if len(df) else 0
     n_rows = np.bincount(gid_all, minlength=n_groups)
     n_missing = np.bincount(gid_all[~complete], minlength=n_groups)
-    first = np.full(n_groups, -1)
-    first[gid_all[::-1]] = np.arange(len(df))[::-1]  # first row of each group (its key values)
+    if slim:
+        keys = _group_keys(con, by, params)
+    else:  # the key values of each group's first row
+        first = np.full(n_groups, -1)
+        first[gid_all[::-1]] = np.arange(len(df))[::-1]
+        key_rows = df[by].to_numpy(dtype=object) if by else np.empty((len(df), 0), dtype=object)
+        keys = [tuple(key_rows[first[k]]) for k in range(n_groups)]
     g_df = df[complete]
     g_df = g_df.iloc[np.argsort(g_df["_gid"].to_numpy(dtype=np.int64), kind="stable")].reset_index(drop=True)
     gid = g_df["_gid"].to_numpy(dtype=np.int64)
@@ -524,13 +540,12 @@ def _fit_combiners(
         "logistic": np.full(len(g_df), np.nan),
         "ridge": np.full(len(g_df), np.nan),
     }
-    keys = df[by].to_numpy(dtype=object) if by else np.empty((len(df), 0), dtype=object)
     fits: list[dict[str, object]] = []
     for k in range(n_groups):
         sl = slice(bounds[k], bounds[k + 1])
         xg, yg, tr = x[sl], y[sl], train[sl]
         y_tr = yg[tr]
-        fit: dict[str, object] = dict(zip(by, keys[first[k]], strict=True))
+        fit: dict[str, object] = dict(zip(by, keys[k], strict=True))
         fit.update(n_rows=int(n_rows[k]), n_missing_features=int(n_missing[k]))
         fit.update(n_train=int(tr.sum()), n_train_incorrect=int(y_tr.sum()))
         fit.update(n_test=int((~tr).sum()), n_test_incorrect=int(yg.sum() - y_tr.sum()))
