@@ -395,6 +395,14 @@ def _long_scores(cols: Sequence[str], positions: Sequence[int], n_scores: int) -
     )
 
 
+def _value_counts(long: str, name: str) -> str:
+    """The CTEs of ``unc_value_counts.sql`` (Mann-Whitney counted per distinct value) over the rows
+    of the query ``long`` (_part, _incorrect, _v), ending in the CTE ``name`` (per _part: n_items,
+    n, n_incorrect, _twice_u); unc_auroc and the combiners' AUROC share them."""
+    text = (SQL_DIR / "unc_value_counts.sql").read_text(encoding="utf-8")
+    return text.format(long=long, name=name).strip()
+
+
 def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
     discrete = [k for k, c in enumerate(cols) if c in DISCRETE_COLUMNS]
@@ -405,7 +413,9 @@ def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) 
         by,
         params,
         n_scores=str(len(cols)),
-        long_discrete=_long_scores([cols[k] for k in discrete], discrete, len(cols)),
+        value_counts=_value_counts(
+            _long_scores([cols[k] for k in discrete], discrete, len(cols)), "g_discrete"
+        ),
         long_continuous=_long_scores([cols[k] for k in continuous], continuous, len(cols)),
         score_names=", ".join(sql_literal(c) for c in cols),
         **_group_ids(by),
@@ -609,11 +619,19 @@ def _combiners(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) 
         }
     )
     text = (SQL_DIR / "unc_combiner_auroc.sql").read_text(encoding="utf-8")
+    n = len(COMBINERS)
+    long = (
+        f"SELECT _gid * {n} + _k AS _part, incorrect AS _incorrect, "
+        "CASE WHEN NOT isnan(_u) THEN _u END AS _v "
+        f"FROM (SELECT _gid, incorrect, unnest([{', '.join(COMBINERS)}]) AS _u, unnest(range({n})) AS _k "
+        "FROM _unc_combiner_preds)"
+    )
     con.register("_unc_combiner_preds", table)
     try:
         sql = text.format(
-            n_combiners=len(COMBINERS),
+            n_combiners=n,
             combiner_list=", ".join(COMBINERS),
+            value_counts=_value_counts(long, "g"),
             auroc_columns=", ".join(
                 f"max(auroc) FILTER (WHERE _k = {i}) AS auroc_{c}" for i, c in enumerate(COMBINERS)
             ),

@@ -10,11 +10,11 @@
 -- the one division, computed one of two ways per score; both give the same integer, so the choice
 -- only decides the cost:
 --
--- * discrete scores ({long_discrete}: counts, sample-count based SC / SE, elicited confidence take
---   few distinct values): the rows collapse to counts per (group, score, value), and one running
---   sum over those few rows gives the negatives below each value:
---   2U = sum over values v of pos(v) * (2 neg(< v) + neg(v)).
--- * continuous scores ({long_continuous}: nearly every value distinct, where that aggregate saves
+-- * discrete scores (counts, sample-count based SC / SE, elicited confidence take few distinct
+--   values): the CTEs of unc_value_counts.sql (ending in g_discrete) collapse the rows to counts per
+--   (group, score, value), and one running sum over those few rows gives the negatives below each
+--   value: 2U = sum over values v of pos(v) * (2 neg(< v) + neg(v)).
+-- * continuous scores (nearly every value distinct, where that aggregate saves
 --   few rows and costs a hash table as large as the input): a rank sum from one sort per (group,
 --   score) in a single window pass: 2U = sum over positives of (first rank + last rank)
 --   - n_pos (n_pos + 1), the average rank of a tied value being the mean of its first and last
@@ -34,26 +34,7 @@ WITH sc AS (
 keyed AS (
 {keyed}
 ),
-per_value AS (
-    SELECT _part, _v,
-           count(*) FILTER (WHERE _incorrect)     AS _pos,
-           count(*) FILTER (WHERE NOT _incorrect) AS _neg
-    FROM ({long_discrete})
-    GROUP BY ALL
-),
-below AS (
-    SELECT *, sum(_neg) OVER (PARTITION BY _part ORDER BY _v ASC NULLS LAST) - _neg AS _neg_below
-    FROM per_value
-),
-g_discrete AS (
-    SELECT _part,
-           sum(_pos + _neg)::BIGINT                                          AS n_items,
-           coalesce(sum(_pos + _neg) FILTER (WHERE _v IS NOT NULL), 0)::BIGINT AS n,
-           coalesce(sum(_pos) FILTER (WHERE _v IS NOT NULL), 0)::BIGINT      AS n_incorrect,
-           sum(_pos * (2 * _neg_below + _neg)) FILTER (WHERE _v IS NOT NULL) AS _twice_u
-    FROM below
-    GROUP BY _part
-),
+{value_counts},
 ranked AS (
     SELECT _part, _incorrect, _v,
            rank() OVER w   AS _first,
