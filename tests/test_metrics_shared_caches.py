@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from equipoise.builders.mcq_build import build_mcq_suite
-from equipoise.evaluators.metrics.registry import _load_all, compute, prepare
+from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare
 from equipoise.evaluators.reference_run import run_reference_policies
 from equipoise.evaluators.store import connect
 
@@ -82,3 +82,49 @@ def test_calibration_caches_match_the_views(store, name, by, params):
 def test_robustness_pairs_cache_matches_the_views(store, name, by, params):
     prime = {} if params else {"uncertainty": "token_mean"}
     _check(store, name, by, {**params, "n_boot": 50} if "bootstrap" in name else params, prime, "_rob_")
+
+
+UNC = ("unc_normalization_bounds", "unc_normalized")
+UNC_PARAMS = (
+    {},
+    {"scores": ["avg_nll", "n_wait"], "upper_quantile": 0.9},
+    {"pool": "base", "holdout_fraction": 0.5, "split_key": "base_id"},
+)
+
+
+@pytest.mark.parametrize("name", UNC)
+@pytest.mark.parametrize("by", BYS)
+@pytest.mark.parametrize("params", UNC_PARAMS)
+def test_uncertainty_bounds_cache_matches_the_views(store, name, by, params):
+    """unc_normalization_bounds keeps its per-group bounds in a TEMP table and unc_normalized reads
+    them from there: both give the numbers of the plain views, after the cache was filled
+    under other parameters and another grouping (a key that missed a part would serve those)."""
+    from equipoise.evaluators.metrics.uncertainty import _normalized_sql
+
+    _load_all()
+    prime = {"scores": ["avg_nll"], "upper_quantile": 0.5} if params == {} else {}
+    extra = {"include_holdout": True} if name == "unc_normalized" and params else {}
+    views = duckdb.connect(str(store), read_only=True)
+    tables = duckdb.connect(str(store), read_only=True)
+    try:
+        a = compute(views, name, by, {**params, **extra})
+        prepare(tables, materialize=True)
+        for b_, p_ in ((by, prime), (["model"], params), (by, params)):
+            compute(tables, "unc_normalization_bounds", b_, p_)
+        b = compute(tables, name, by, {**params, **extra})
+        reads_cache = "FROM _unc_bounds_" in _normalized_sql(
+            tables, by, {**REGISTRY["unc_normalized"].params, **params}
+        )
+        cached = (
+            "SELECT count(*) FROM duckdb_tables() WHERE temporary AND starts_with(table_name, '_unc_bounds_')"
+        )
+        n_tables, n_views = tables.execute(cached).fetchone()[0], views.execute(cached).fetchone()[0]
+    finally:
+        views.close()
+        tables.close()
+    assert len(a) > 0 and reads_cache
+    assert n_tables == (2 if by == ["model"] else 3) and n_views == 0
+    # not bit-exact: the scores' own sums (option entropy) may add in another order over views
+    pd.testing.assert_frame_equal(
+        a.reset_index(drop=True), b.reset_index(drop=True), check_exact=False, rtol=1e-12
+    )

@@ -760,6 +760,22 @@ def test_combiners_match_sklearn(store, feats):
         assert (got["n_missing_features"] > 0).all()  # NULL token counts are counted, not dropped
 
 
+def test_combiner_group_keys_match_the_fitted_rows(store):
+    """unc_combiners fits from rows without the grouping values and takes each group's values from
+    a separate sorted list; combiner_predictions reads them off the rows. Both must name every
+    group alike, with several strata, NULL strata values (framing) and numbers (k)."""
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con)
+        for by in (["specialty", "framing", "k"], ["framing"], ["model", "run_id"], []):
+            fits = combiner_predictions(con, by)[1]
+            got = compute(con, "unc_combiners", by)
+            assert len(fits) > (1 if by else 0)
+            pd.testing.assert_frame_equal(got[list(fits.columns)], fits, check_exact=True)
+    finally:
+        con.close()
+
+
 def test_combiner_auroc_equals_sklearn_on_its_own_predictions(store):
     """The SQL Mann-Whitney AUROC (average ranks for ties) against roc_auc_score."""
     con = duckdb.connect(str(store), read_only=True)
@@ -866,6 +882,21 @@ def test_score_auroc_matches_sklearn(store, pool):
         else:
             assert pd.isna(row.auroc)
     assert checked >= 20
+
+
+def test_score_auroc_same_whichever_way_a_score_is_counted(store, monkeypatch):
+    """unc_auroc counts the discrete scores per distinct value and ranks the others: both ways give
+    the same integer Mann-Whitney statistic, so every score put through either way (all counted,
+    all ranked) gives exactly the same table, ties, NaN and NULL included."""
+    from equipoise.evaluators.metrics import uncertainty
+
+    by = ["model", "config"]
+    mixed = _compute(store, "unc_auroc", by)
+    assert set(uncertainty.DISCRETE_COLUMNS) & set(mixed.score)  # both ways are in use
+    assert set(mixed.score) - set(uncertainty.DISCRETE_COLUMNS)
+    for split in ((), SCORE_COLUMNS):
+        monkeypatch.setattr(uncertainty, "DISCRETE_COLUMNS", split)
+        pd.testing.assert_frame_equal(_compute(store, "unc_auroc", by), mixed, check_exact=True)
 
 
 def test_score_auroc_single_class_is_null(crafted):

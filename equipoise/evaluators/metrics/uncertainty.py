@@ -57,6 +57,7 @@ EigenEmbed and RDS need an external sentence encoder: :func:`embedding_scores` c
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 
 import duckdb
@@ -259,6 +260,44 @@ def _bound_fragments(params: dict) -> dict[str, str]:
     }
 
 
+def _bounds_query(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
+    """One wide row per group of ``by``: _n_rows (the group's items) and, per score, the held-out
+    count, minimum and upper quantile (``n__x, lo__x, hi__x``), as a query of its own."""
+    frag = _bound_fragments(params)
+    return (
+        f"WITH sc AS (\n{_scores_source(con, by, params)}\n),\n"
+        f"wide AS (SELECT {_strata(by)} run_id, {frag['in_holdout']} AS in_holdout, "
+        f"{frag['score_casts']} FROM sc)\n"
+        f"SELECT {_by(by)} count(*) AS _n_rows, {frag['bound_aggregates']} FROM wide GROUP BY ALL"
+    )
+
+
+def _bounds_cache(
+    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict, create: bool
+) -> str | None:
+    """The TEMP table holding ``_bounds_query(by, params)`` on this connection, or None.
+
+    unc_normalization_bounds and unc_normalized aggregate the same bounds. When the base relations
+    are fixed (``registry.prepare(materialize=True)``, a read-only pass over many metrics) the
+    first keeps them in a TEMP table (``create``) and the second reads them from it instead of
+    aggregating again: the quantiles and minima of every score are about a quarter of
+    unc_normalized's CPU. ``equipoise metrics`` runs metrics in name order, so the bounds come
+    first; unc_normalized never creates the table, because aggregating inline from the per-item
+    rows it reads anyway costs less than a separate pass. The key is a hash of the rendered query,
+    which holds the grouping, the pool, the scores, the split and the quantile. With plain views
+    (a connection that may also write) nothing is kept: the bounds must follow the store.
+    """
+    if not _materialized(con):
+        return None
+    sql = _bounds_query(con, by, params)
+    table = "_unc_bounds_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
+    if table not in temp_tables(con):
+        if not create:
+            return None
+        con.execute(f"CREATE TEMP TABLE {table} AS {sql}")
+    return table
+
+
 def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", SCORE_COLUMNS)
     if by:
@@ -272,12 +311,17 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
         f"WHEN wide.{c} <= lo__{c} THEN 0.0 ELSE 1.0 END AS {c}"
         for c in cols
     )
+    frag = _bound_fragments(params)
+    cached = _bounds_cache(con, by, params, create=False)
     return _wrapped(
         con,
         "unc_normalized",
         by,
         params,
-        **_bound_fragments(params),
+        **frag,
+        bounds=f"SELECT * FROM {cached}"
+        if cached
+        else f"SELECT {_by(by)} {frag['bound_aggregates']} FROM wide GROUP BY ALL",
         wide_strata=_strata(by, "wide."),
         normalized_columns=normalized,
         bounds_join=bounds_join,
@@ -290,12 +334,14 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
 
 def _normalization_bounds_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", SCORE_COLUMNS)
+    cached = _bounds_cache(con, by, params, create=True)
     return _wrapped(
         con,
         "unc_normalization_bounds",
         by,
         params,
         **_bound_fragments(params),
+        bounds=f"SELECT * FROM {cached}" if cached else _bounds_query(con, by, params),
         unpivot_in=_unpivot_in(cols, ("n", "lo", "hi")),
     )
 
@@ -319,15 +365,58 @@ def _group_ids(by: Sequence[str]) -> dict[str, str]:
     }
 
 
+# scores that take few distinct values (counts, fractions of a handful of samples, parsed
+# confidence statements): unc_auroc collapses their rows to counts per value instead of ranking
+# them. Any score gives the same AUROC either way; the split only decides the cost.
+DISCRETE_COLUMNS: tuple[str, ...] = (
+    "sample_consistency",
+    "semantic_entropy",
+    "elicited_confidence",
+    "elicited_uncertainty",
+    *FEATURE_COLUMNS,
+)
+
+
+def _long_scores(cols: Sequence[str], positions: Sequence[int], n_scores: int) -> str:
+    """One row per (item, score) of ``keyed`` for the scores ``cols`` at ``positions`` of the
+    metric's score list: _part = _gid * n_scores + position, _incorrect, and the score as DOUBLE in
+    _v (NaN read as NULL). An empty list gives no rows. _part is a 4-byte UINTEGER, not the BIGINT
+    the arithmetic yields: the window sorts on (_part, _v), and the narrower key made that sort
+    about 25% cheaper (a store would need over 4e9 (group, score) pairs to overflow it, which
+    raises an error rather than a wrong number)."""
+    if not cols:
+        return "SELECT NULL::UINTEGER AS _part, NULL::BOOLEAN AS _incorrect, NULL::DOUBLE AS _v WHERE false"
+    values = ", ".join(f"CAST({c} AS DOUBLE)" for c in cols)
+    keys = ", ".join(str(k) for k in positions)
+    return (
+        f"SELECT (_gid * {n_scores} + _k)::UINTEGER AS _part, _incorrect, "
+        "CASE WHEN NOT isnan(_u) THEN _u END AS _v "
+        f"FROM (SELECT _gid, _incorrect, unnest([{values}]) AS _u, unnest([{keys}]) AS _k FROM keyed)"
+    )
+
+
+def _value_counts(long: str, name: str) -> str:
+    """The CTEs of ``unc_value_counts.sql`` (Mann-Whitney counted per distinct value) over the rows
+    of the query ``long`` (_part, _incorrect, _v), ending in the CTE ``name`` (per _part: n_items,
+    n, n_incorrect, _twice_u); unc_auroc and the combiners' AUROC share them."""
+    text = (SQL_DIR / "unc_value_counts.sql").read_text(encoding="utf-8")
+    return text.format(long=long, name=name).strip()
+
+
 def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
+    discrete = [k for k, c in enumerate(cols) if c in DISCRETE_COLUMNS]
+    continuous = [k for k, c in enumerate(cols) if c not in DISCRETE_COLUMNS]
     return _wrapped(
         con,
         "unc_auroc",
         by,
         params,
         n_scores=str(len(cols)),
-        score_casts=", ".join(f"CAST({c} AS DOUBLE)" for c in cols),
+        value_counts=_value_counts(
+            _long_scores([cols[k] for k in discrete], discrete, len(cols)), "g_discrete"
+        ),
+        long_continuous=_long_scores([cols[k] for k in continuous], continuous, len(cols)),
         score_names=", ".join(sql_literal(c) for c in cols),
         **_group_ids(by),
     )
@@ -352,9 +441,10 @@ def _features_with_gid(
     con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict, slim: bool = False
 ) -> pd.DataFrame:
     """``combiner_features`` plus ``_gid``: the group's number, 0.. in the sorted order of its values
-    (the order of pandas ``groupby(sort=True)``, NULLs last). ``slim``: only what fitting reads (the
-    grouping columns, _gid, label, split, completeness, scaled features), sorted by _gid then
-    (run_id, item_id): no item strings cross into pandas."""
+    (the order of pandas ``groupby(sort=True)``, NULLs last). ``slim``: only what fitting reads
+    (_gid, label, split, completeness, scaled features), sorted by _gid then (run_id, item_id): no
+    strings cross into pandas, not even the grouping values repeated on every row (their conversion
+    was about a tenth of unc_combiners' CPU); ``_group_keys`` gives those once per group."""
     feats = _columns(params, "features", FEATURE_COLUMNS)
     prepare(con)
     scaled = [
@@ -385,7 +475,6 @@ def _features_with_gid(
         select=(
             ", ".join(
                 [
-                    *(f"base.{c}" for c in by),
                     "groups._gid",
                     "base.incorrect",
                     "base.is_train",
@@ -402,6 +491,17 @@ def _features_with_gid(
         else ", ".join([*(f"base.{c}" for c in by if c != "run_id"), "base.run_id", "base.item_id"]),
     )
     return con.execute(sql).df()
+
+
+def _group_keys(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> list[tuple]:
+    """The values of the grouping columns of each group, in _gid order: the distinct values sorted
+    as unc_combiner_features.sql numbers them (``row_number() OVER (ORDER BY by)``, NULLs last)."""
+    if not by:
+        return [()]
+    cols = ", ".join(by)
+    source = _scores_source(con, by, params)
+    sql = f"SELECT {cols} FROM (SELECT DISTINCT {cols} FROM ({source})) ORDER BY {cols}"
+    return [tuple(r) for r in con.execute(sql).fetchall()]
 
 
 def combiner_features(
@@ -431,8 +531,13 @@ def _fit_combiners(
     n_groups = int(gid_all.max()) + 1 if len(df) else 0
     n_rows = np.bincount(gid_all, minlength=n_groups)
     n_missing = np.bincount(gid_all[~complete], minlength=n_groups)
-    first = np.full(n_groups, -1)
-    first[gid_all[::-1]] = np.arange(len(df))[::-1]  # first row of each group (its key values)
+    if slim:
+        keys = _group_keys(con, by, params)
+    else:  # the key values of each group's first row
+        first = np.full(n_groups, -1)
+        first[gid_all[::-1]] = np.arange(len(df))[::-1]
+        key_rows = df[by].to_numpy(dtype=object) if by else np.empty((len(df), 0), dtype=object)
+        keys = [tuple(key_rows[first[k]]) for k in range(n_groups)]
     g_df = df[complete]
     g_df = g_df.iloc[np.argsort(g_df["_gid"].to_numpy(dtype=np.int64), kind="stable")].reset_index(drop=True)
     gid = g_df["_gid"].to_numpy(dtype=np.int64)
@@ -445,13 +550,12 @@ def _fit_combiners(
         "logistic": np.full(len(g_df), np.nan),
         "ridge": np.full(len(g_df), np.nan),
     }
-    keys = df[by].to_numpy(dtype=object) if by else np.empty((len(df), 0), dtype=object)
     fits: list[dict[str, object]] = []
     for k in range(n_groups):
         sl = slice(bounds[k], bounds[k + 1])
         xg, yg, tr = x[sl], y[sl], train[sl]
         y_tr = yg[tr]
-        fit: dict[str, object] = dict(zip(by, keys[first[k]], strict=True))
+        fit: dict[str, object] = dict(zip(by, keys[k], strict=True))
         fit.update(n_rows=int(n_rows[k]), n_missing_features=int(n_missing[k]))
         fit.update(n_train=int(tr.sum()), n_train_incorrect=int(y_tr.sum()))
         fit.update(n_test=int((~tr).sum()), n_test_incorrect=int(yg.sum() - y_tr.sum()))
@@ -515,11 +619,19 @@ def _combiners(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) 
         }
     )
     text = (SQL_DIR / "unc_combiner_auroc.sql").read_text(encoding="utf-8")
+    n = len(COMBINERS)
+    long = (
+        f"SELECT _gid * {n} + _k AS _part, incorrect AS _incorrect, "
+        "CASE WHEN NOT isnan(_u) THEN _u END AS _v "
+        f"FROM (SELECT _gid, incorrect, unnest([{', '.join(COMBINERS)}]) AS _u, unnest(range({n})) AS _k "
+        "FROM _unc_combiner_preds)"
+    )
     con.register("_unc_combiner_preds", table)
     try:
         sql = text.format(
-            n_combiners=len(COMBINERS),
+            n_combiners=n,
             combiner_list=", ".join(COMBINERS),
+            value_counts=_value_counts(long, "g"),
             auroc_columns=", ".join(
                 f"max(auroc) FILTER (WHERE _k = {i}) AS auroc_{c}" for i, c in enumerate(COMBINERS)
             ),

@@ -12,9 +12,11 @@
 -- unpivot plus writing (number of scores) times as many rows was most of this metric's cost.
 --
 -- The md5 split is taken once per item (wide is MATERIALIZED so that its two consumers do not each
--- hash every split key); the bounds are one grouped aggregate ({bound_aggregates}: per score n__x,
--- lo__x, hi__x over the held-out rows) joined to the items of their group (NULL group values match,
--- as in GROUP BY). {normalized_columns} is the CASE below per score x:
+-- hash every split key); the bounds are one grouped aggregate ({bound_aggregates}: per
+-- score n__x, lo__x, hi__x over the held-out rows) of wide, or the same aggregate read from the
+-- table unc_normalization_bounds left in the connection's cache (see uncertainty._bounds_cache),
+-- joined to the items of their group (NULL group values match, as in GROUP BY).
+-- {normalized_columns} is the CASE below per score x:
 --   CASE WHEN x IS NULL OR hi__x IS NULL THEN NULL
 --        WHEN hi__x > lo__x THEN greatest(0.0, least(1.0, (x - lo__x) / (hi__x - lo__x)))
 --        WHEN x <= lo__x THEN 0.0 ELSE 1.0 END AS x
@@ -26,9 +28,7 @@ wide AS MATERIALIZED (
     FROM sc
 ),
 bounds AS (
-    SELECT {by} {bound_aggregates}
-    FROM wide
-    GROUP BY ALL
+{bounds}
 )
 SELECT {wide_strata} wide.run_id, wide.item_id, wide.in_holdout, {normalized_columns}
 FROM wide
