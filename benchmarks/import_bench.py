@@ -11,7 +11,15 @@ the resume bookkeeping (store.insert_table: stage, anti-join, append), measured 
 4. times the store write alone on the same prediction rows as an Arrow table: into the real
    ``predictions`` table through ``store.insert_table`` (schema v2: no index; stage, anti-join,
    append: what makes resume idempotent) vs a plain INSERT into a copy of the table, so the cost
-   of the bookkeeping is visible.
+   of the bookkeeping is visible;
+5. times the JSONL parse alone (the importer's Arrow read of the file, no store work), so the
+   parse / store split of the import is visible.
+
+Each timed step also reports its CPU seconds (user + system, all threads): on a shared machine
+wall time swings with other jobs, CPU time much less. Peak RSS is reported twice: for the whole
+run (dominated by building the synthetic store, not by the import) and for the import alone
+(Linux: the high-water mark is reset just before it through /proc/self/clear_refs; elsewhere the
+import figure is the whole-run one).
 Prints a table and writes benchmarks/results/import.json.
 """
 
@@ -22,6 +30,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -30,11 +39,38 @@ from pathlib import Path
 import numpy as np
 
 
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _hwm_mib() -> float:
+    """Peak RSS of this process so far (VmHWM where /proc exists, else ru_maxrss)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
+
+
+def _reset_hwm() -> bool:
+    """Reset the RSS high-water mark (Linux >= 4.0), so the next peak is the next step's own."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--format", choices=("jsonl", "parquet"), default="jsonl", help="file format imported")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/import.json"))
+    ap.add_argument("--keep", action="store_true", help="keep the temporary store and files (printed)")
     args = ap.parse_args()
     from equipoise.builders.prompts import decision_template
     from equipoise.evaluators.importer import import_predictions
@@ -85,9 +121,12 @@ def main() -> int:
         pq.write_table(pyarrow.json.read_json(jsonl), src)
     write_s = time.perf_counter() - t0
     rows = 2 * n_items
-    t0 = time.perf_counter()
+    setup_peak_mib = _hwm_mib()
+    reset = _reset_hwm()
+    c0, t0 = _cpu_s(), time.perf_counter()
     res = import_predictions(con, src)
-    import_s = time.perf_counter() - t0
+    import_s, import_cpu = time.perf_counter() - t0, _cpu_s() - c0
+    import_peak_mib = _hwm_mib() if reset else max(setup_peak_mib, _hwm_mib())
     assert res.added == rows, res
     # raw store write, same rows, with and without the resume bookkeeping
     preds = con.sql("SELECT * FROM predictions").to_arrow_table()
@@ -105,7 +144,15 @@ def main() -> int:
     resume_s = time.perf_counter() - t0
     assert scalar(con, "SELECT count(*) FROM predictions") == rows
     con.close()
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # the parse alone: what the importer's columnar path does before any store work
+    from equipoise.evaluators.importer import _read_columns
+
+    c0, t0 = _cpu_s(), time.perf_counter()
+    parsed = _read_columns(src)
+    parse_s, parse_cpu = time.perf_counter() - t0, _cpu_s() - c0
+    assert parsed is not None and parsed[0].num_rows == rows
+    del parsed
+    peak_mib = max(setup_peak_mib, _hwm_mib())
     out = {
         "machine": {
             "platform": platform.platform(),
@@ -119,25 +166,38 @@ def main() -> int:
         "jsonl_write_s": write_s,
         "import_s": import_s,
         "import_rows_per_s": rows / import_s,
+        "import_cpu_s": import_cpu,
+        "parse_s": parse_s,
+        "parse_cpu_s": parse_cpu,
         "insert_keyed_s": keyed_s,
         "insert_keyed_rows_per_s": rows / keyed_s,
         "insert_plain_s": plain_s,
         "insert_plain_rows_per_s": rows / plain_s,
         "resume_noop_s": resume_s,
         "peak_rss_mib": peak_mib,
+        "setup_peak_rss_mib": setup_peak_mib,
+        "import_peak_rss_mib": import_peak_mib,
+        "loadavg_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
-    print(f"{'path':<44} {'seconds':>9} {'rows/s':>12}")
+    print(f"{'path':<44} {'seconds':>9} {'rows/s':>12} {'CPU s':>7}")
     label = f"import (parse + validate + insert), {args.format}"
-    print(f"{label:<44} {import_s:>9.2f} {rows / import_s:>12,.0f}")
+    print(f"{label:<44} {import_s:>9.2f} {rows / import_s:>12,.0f} {import_cpu:>7.2f}")
+    label = f"  of which: parse alone (Arrow read), {args.format}"
+    print(f"{label:<44} {parse_s:>9.2f} {rows / parse_s:>12,.0f} {parse_cpu:>7.2f}")
     print(f"{'store insert_table (anti-join append)':<44} {keyed_s:>9.2f} {rows / keyed_s:>12,.0f}")
     print(f"{'store insert, no key, plain INSERT':<44} {plain_s:>9.2f} {rows / plain_s:>12,.0f}")
     print(f"{'resume over fully present rows (no-op)':<44} {resume_s:>9.2f} {rows / resume_s:>12,.0f}")
     print(
-        f"bookkeeping cost: {keyed_s / plain_s:.2f}x plain insert; peak RSS {peak_mib:.0f} MiB; "
+        f"bookkeeping cost: {keyed_s / plain_s:.2f}x plain insert; peak RSS {peak_mib:.0f} MiB "
+        f"(import alone {import_peak_mib:.0f} MiB, building the store {setup_peak_mib:.0f} MiB); "
         f"{rows:,} rows, JSONL {out['jsonl_mb']:.0f} MB"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
+    if args.keep:
+        print(f"kept {tmp}")
+    else:  # about 1.5 GB at 1M rows (store, JSONL, Parquet): not left behind in the temp folder
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -383,3 +383,42 @@ def test_an_explicit_null_after_the_sample_is_still_refused(nota, tmp_path, monk
     with pytest.raises(ImportError_, match=rf"{f}:9: backend"):
         import_predictions(con, f)
     con.close()
+
+
+def test_the_columnar_parse_maps_the_file_only_for_the_null_scan(nota, tmp_path, monkeypatch):
+    """A JSONL file is parsed from a stream of blocks, never memory-mapped whole (a mapping keeps
+    every page it touched resident: about the file's size of extra peak memory). The map is
+    taken only when the columns leave a null-vs-absent question open, and then the scan still
+    decides: a file without scores needs no scan; one where a record scores fewer labels (absent,
+    fine) is scanned and imported columnar."""
+    import equipoise.evaluators.importer as imp
+
+    maps = []
+    real_map = imp.pyarrow.memory_map
+
+    def counting_map(*args, **kwargs):
+        maps.append(args[0])
+        return real_map(*args, **kwargs)
+
+    monkeypatch.setattr(imp.pyarrow, "memory_map", counting_map)
+    # typed from the head (as a large file is): a small file is parsed with every defaulted
+    # column present and null, which always leaves the question open
+    monkeypatch.setattr(imp, "_SAMPLE_BYTES", 1500)
+    recs = _records(nota)
+    plain = _write_jsonl(tmp_path / "plain.jsonl", [{**r, "option_logprobs": None} for r in recs])
+    recs[4]["option_logprobs"].pop(next(iter(recs[4]["option_logprobs"])))  # absent: not a null
+    fewer = _write_jsonl(tmp_path / "fewer.jsonl", recs)
+    for f, mapped in ((plain, []), (fewer, [str(fewer)])):
+        maps.clear()
+        fast_con, slow_con = (
+            connect(tmp_path / f"{f.stem}-fast.duckdb"),
+            connect(tmp_path / f"{f.stem}-slow.duckdb"),
+        )
+        for con in (fast_con, slow_con):
+            register(con, nota, "plus_nota")
+        assert imp._fast_import(fast_con, f) is not None
+        assert maps == mapped
+        import_predictions(slow_con, f, fast=False)
+        assert _stored(fast_con) == _stored(slow_con)
+        fast_con.close()
+        slow_con.close()
