@@ -68,17 +68,13 @@ from equipoise.evaluators.metrics.registry import (
     temp_tables,
 )
 
-# the chosen / target option's probability is a per-sample fact (sample_probs.sql): a 1:1 join on
-# the sample's key instead of searching the per-option rows of option_probs for the label
-_PROB_JOIN = (
-    "LEFT JOIN sample_probs sp ON sp.run_id = sc.run_id AND sp.item_id = sc.item_id "
-    "AND sp.sample_index = sc.sample_index"
-)
-# confidence name -> (join, expression)
-CONFIDENCES: dict[str, tuple[str, str]] = {
-    "chosen_prob": (_PROB_JOIN, "sp.chosen_prob"),
-    "target_prob": (_PROB_JOIN, "sp.target_prob"),
-    "token_mean": ("", "exp(sc.token_logprob_mean)"),
+# confidence name -> expression over `scored sc` and its row of the per-sample fact `sample_probs sp`
+# (cal_samples.sql joins them 1:1 on the sample's key, so the chosen / target option's probability
+# is read, not searched for among the per-option rows of option_probs)
+CONFIDENCES: dict[str, str] = {
+    "chosen_prob": "sp.chosen_prob",
+    "target_prob": "sp.target_prob",
+    "token_mean": "exp(sc.token_logprob_mean)",
 }
 SAMPLES: dict[str, str] = {"all": "true", "first": "sc.sample_index = 0"}
 DEFAULT_PARAMS: dict[str, object] = {"confidence": "chosen_prob", "samples": "all", "n_bins": 10}
@@ -113,16 +109,15 @@ def _params(params: dict) -> dict[str, object]:
 def samples_sql(params: dict | None = None) -> str:
     """The rendered ``CREATE TEMP VIEW cal_samples`` statement."""
     p = _params(params or {})
-    join, expr = CONFIDENCES[str(p["confidence"])]
     text = (SQL_DIR / "cal_samples.sql").read_text(encoding="utf-8")
-    return text.format(conf_join=join, conf_expr=expr, sample_filter=SAMPLES[str(p["samples"])])
+    return text.format(conf_expr=CONFIDENCES[str(p["confidence"])], sample_filter=SAMPLES[str(p["samples"])])
 
 
-# the columns of cal_samples any calibration metric reads (besides the strata)
-_CACHED_COLUMNS = (
-    "run_id", "item_id", "sample_index", "n_options", "parsed_option_id",
-    "correct", "cal_status", "used", "confidence",
-)  # fmt: skip
+# the columns of cal_samples any calibration metric reads (besides the strata). Not the sample's key
+# (run_id, item_id, sample_index): brier_multiclass reads its per-sample facts (n_scored, brier_mc)
+# from cal_samples, which joined them already, so no metric joins on the key again, and the cache
+# holds no per-row strings but the strata and cal_status
+_CACHED_COLUMNS = ("n_options", "n_scored", "brier_mc", "correct", "cal_status", "used", "confidence")
 
 
 def _cache_key(p: dict[str, object], by: Sequence[str]) -> str:
@@ -136,9 +131,9 @@ def prepare_samples(
 ) -> None:
     """Create the ``cal_samples`` view (the base views must exist: ``registry.prepare``).
 
-    Why a cache: ``cal_samples`` joins every prediction to its option probabilities (a hash join of
-    the whole ``scored`` relation with the larger ``option_probs``), and eight metrics read it; as a
-    plain view each of them paid that join again, most of its time. When the base relations are
+    Why a cache: ``cal_samples`` joins every prediction to its per-sample facts (a hash join of the
+    whole ``scored`` relation with ``sample_probs`` on a key of two strings), and eight metrics read
+    it; as a plain view each of them paid that join again, most of its time. When the base relations are
     fixed for the connection (``registry.prepare(con, materialize=True)``: a read-only pass over
     many metrics) the view's rows are computed once per (confidence, samples, by) into a narrow
     TEMP table, the strata of ``by`` (default: all) and the columns the metrics read, not the raw

@@ -68,8 +68,8 @@ import pandas as pd
 from equipoise.evaluators.metrics.registry import (
     REGISTRY,
     SQL_DIR,
-    STRATA,
     Metric,
+    _check_by,
     _materialized,
     register,
     render_sql,
@@ -122,14 +122,19 @@ def _variant(params: dict, name: str) -> str:
     return v
 
 
-# the columns of rob_samples that rob_pairs and rob_base_unpaired read
+# the columns of rob_samples that rob_pairs and rob_base_unpaired read (the pairing key and each
+# side's values), besides the grouping's strata
 _SAMPLE_COLUMNS = (
-    *(c for c in STRATA if c != "run_id"),
-    "run_id", "base_id", "item_id", "dataset_id", "decoding_json", "correct", "parsed_role", "uncertainty",
+    "run_id", "variant", "model", "backend", "prompt_style", "base_id", "item_id", "dataset_id",
+    "decoding_json", "correct", "parsed_role", "uncertainty",
 )  # fmt: skip
 
 
-def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict) -> None:
+def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str]) -> None:
+    """Create the views rob_samples, rob_pairs and rob_base_unpaired (``sql/rob_pairs.sql``) for the
+    pairing of ``params``, the pair views carrying the strata of ``by`` (the metrics group by no
+    other): copying all fifteen strata strings of every sample and pair into the cache cost more
+    than the pairing join."""
     kind = params.get("uncertainty", "option_prob")
     if not isinstance(kind, str) or kind not in UNCERTAINTY:
         raise ValueError(f"unknown uncertainty {kind!r}; known: {', '.join(UNCERTAINTY)}")
@@ -138,8 +143,10 @@ def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict) -> None:
     if base == perturbed:
         raise ValueError(f"base_variant and perturbed_variant are both {base!r}")
     expr, doc = UNCERTAINTY[kind]
+    strata = [c for c in dict.fromkeys(_check_by(by)) if c != "run_id"]  # run_id is always there
     text = (SQL_DIR / "rob_pairs.sql").read_text(encoding="utf-8")
     sql = text.format(
+        base_strata="".join(f"b.{c}, " for c in strata),
         base_variant=base,
         perturbed_variant=perturbed,
         sample_index=sample_index,
@@ -152,15 +159,17 @@ def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict) -> None:
     # Fixed base relations (a read-only pass over many metrics, see registry.prepare): the pairs
     # (a join of the base and perturbed samples, each joined to its option probability) are the
     # same for flip_analysis, mcnemar and paired_bootstrap_uncertainty, so they are computed once
-    # per pairing into TEMP tables and the views select from them. The key is the rendered SQL.
+    # per pairing and grouping into TEMP tables and the views select from them. The key is the
+    # rendered SQL (it names the strata).
     key = "_rob_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
     pairs, unpaired = f"{key}_pairs", f"{key}_base_unpaired"
     if pairs not in temp_tables(con):
         con.execute(sql)  # views only, nothing computed yet
         # both pair views read rob_samples twice (base and perturbed side): compute its few
         # columns they use once, build the two tables from it, then restore the plain views
+        cols = ", ".join(dict.fromkeys([*strata, *_SAMPLE_COLUMNS]))
         con.execute(
-            f"""CREATE TEMP TABLE {key}_s AS SELECT {", ".join(_SAMPLE_COLUMNS)} FROM rob_samples;
+            f"""CREATE TEMP TABLE {key}_s AS SELECT {cols} FROM rob_samples;
             CREATE OR REPLACE TEMP VIEW rob_samples AS SELECT * FROM {key}_s;
             CREATE TEMP TABLE {unpaired} AS SELECT * FROM rob_base_unpaired;
             CREATE TEMP TABLE {pairs} AS SELECT * FROM rob_pairs;
@@ -236,7 +245,7 @@ def bootstrap_means(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.
 # ---------------------------------------------------------------------------------------------
 def _flip(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     _check_names("flip_analysis", params)
-    _pairs_view(con, params)
+    _pairs_view(con, params, by)
     return con.execute(render_sql(REGISTRY["flip_analysis"], by, params)).df().drop(columns="ord")
 
 
@@ -258,7 +267,7 @@ def mcnemar_test(b: int, c: int, exact_below: int = 25) -> tuple[str, float, flo
 def _mcnemar(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     _check_names("mcnemar", params)
     alpha, exact_below = _alpha(params), _int_param(params, "exact_below", 25, 1)
-    _pairs_view(con, params)
+    _pairs_view(con, params, by)
     df = con.execute(render_sql(REGISTRY["mcnemar"], by, params)).df()
     tests = [
         mcnemar_test(int(b), int(c), exact_below)
@@ -282,7 +291,7 @@ def _boot_threads(con: duckdb.DuckDBPyConnection) -> int:
 def _paired_bootstrap(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     _check_names("paired_bootstrap_uncertainty", params)
     alpha, n_boot, seed = _alpha(params), _n_boot(params), _seed(params)
-    _pairs_view(con, params)
+    _pairs_view(con, params, by)
     df = con.execute(render_sql(REGISTRY["paired_bootstrap_uncertainty"], by, params)).df()
 
     def one(key: tuple, diffs: object) -> tuple[int, float, float, float, float]:

@@ -4,13 +4,11 @@
 -- parsed letter, so a fully scored sample counts whatever its parse (n_used_unparsed says how many
 -- such samples were used). Samples with some but not all options scored (n_partial) or none
 -- (n_unscored) are excluded and counted; coverage = n / n_total.
--- The per-sample count and Brier term are write-time facts (sample_probs.sql).
+-- The per-sample count and Brier term are write-time facts (sample_probs.sql) that cal_samples
+-- carries (n_scored, brier_mc); an unparsed sample is one with cal_status 'unparsed'.
 WITH s AS (
-    SELECT cs.*, per.n_scored, per.brier_mc AS bs,
-           coalesce(per.n_scored = cs.n_options, false) AS full_cover
+    SELECT cs.*, brier_mc AS bs, coalesce(n_scored = n_options, false) AS full_cover
     FROM cal_samples cs
-    LEFT JOIN sample_probs per ON per.run_id = cs.run_id AND per.item_id = cs.item_id
-                 AND per.sample_index = cs.sample_index
 )
 SELECT {by}
        count(*)                                                        AS n_total,
@@ -18,7 +16,7 @@ SELECT {by}
        count(*) FILTER (WHERE NOT full_cover)                          AS n_excluded,
        count(*) FILTER (WHERE NOT full_cover AND n_scored > 0)         AS n_partial,
        count(*) FILTER (WHERE n_scored IS NULL)                        AS n_unscored,
-       count(*) FILTER (WHERE full_cover AND parsed_option_id IS NULL) AS n_used_unparsed,
+       count(*) FILTER (WHERE full_cover AND cal_status = 'unparsed') AS n_used_unparsed,
        count(*) FILTER (WHERE full_cover) / count(*)                   AS coverage,
        avg(bs) FILTER (WHERE full_cover)                               AS brier_multiclass
 FROM s

@@ -1,8 +1,10 @@
 -- The population every calibration / selective-prediction metric reads: one row per prediction
 -- sample of `scored` (all samples, or sample 0 only), with its confidence and whether it is used.
--- Templated by equipoise.evaluators.metrics.calibration (samples_sql): the join and expression of
--- the confidence (chosen-option probability, target-option probability or exp(mean token
--- log-probability)) and the filter of the samples kept (all, or sample 0).
+-- Templated by equipoise.evaluators.metrics.calibration (samples_sql): the expression of the
+-- confidence (chosen-option probability, target-option probability or exp(mean token
+-- log-probability)) and the filter of the samples kept (all, or sample 0). Every row carries the
+-- per-sample facts of its option distribution (sample_probs: n_scored, brier_mc; NULL when no option
+-- was scored), joined here once for every metric (brier_multiclass reads them).
 -- cal_status says what happens to a row, and nothing is dropped without being counted:
 --   'unparsed'      no parsed option (unparseable output, error, or a label that is not an option of
 --                   the item): there is no prediction whose confidence could be judged;
@@ -11,9 +13,10 @@
 --   'used'          counted by the metrics.
 CREATE OR REPLACE TEMP VIEW cal_samples AS
 WITH c AS (
-    SELECT sc.*, CAST({conf_expr} AS DOUBLE) AS conf_raw
+    SELECT sc.*, sp.n_scored, sp.brier_mc, CAST({conf_expr} AS DOUBLE) AS conf_raw
     FROM scored sc
-    {conf_join}
+    LEFT JOIN sample_probs sp ON sp.run_id = sc.run_id AND sp.item_id = sc.item_id
+                             AND sp.sample_index = sc.sample_index
     WHERE {sample_filter}
 ),
 s AS (

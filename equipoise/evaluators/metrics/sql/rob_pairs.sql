@@ -3,7 +3,8 @@
 -- sharing dataset_id, model, backend, prompt_style and decoding; one sample of each (sample_index
 -- {sample_index}). Correct means the parsed option is the item's target, so under -correct+nota choosing
 -- NOTA is correct (it is the target there); unparsed samples are wrong and flagged. Uncertainty of a
--- sample: {uncertainty_doc}. Strata come from the base side (run_id = the base run). Self-evaluation
+-- sample: {uncertainty_doc}. Strata come from the base side (run_id = the base run); the pair views
+-- carry the strata of the grouping ({base_strata} the base side's columns of them, besides run_id). Self-evaluation
 -- runs (prompt_style 'self_eval:...') are excluded. When several perturbed items share a base_id
 -- (e.g. shuffled permutations) every (base, perturbed) pair is a row.
 -- Three TEMP views: rob_samples (both variants' samples with their uncertainty), rob_pairs (the
@@ -24,8 +25,7 @@ LEFT JOIN sample_probs op  -- the chosen option's probability is a per-sample fa
        ON op.run_id = s.run_id AND op.item_id = s.item_id AND op.sample_index = s.sample_index;
 
 CREATE OR REPLACE TEMP VIEW rob_pairs AS
-SELECT b.model, b.backend, b.prompt_style, b.suite, b.variant, b.config, b.k, b.framing, b.system_id,
-       b.criterion_id, b.condition, b.specialty, b.question_type, b.imaging_modality, b.difficulty,
+SELECT {base_strata}
        b.run_id, b.base_id,
        b.item_id                    AS base_item_id,
        q.run_id                     AS perturbed_run_id,
@@ -42,8 +42,7 @@ JOIN (SELECT * FROM rob_samples WHERE variant = '{perturbed_variant}') q
  AND q.prompt_style = b.prompt_style AND q.decoding_json = b.decoding_json AND q.base_id = b.base_id;
 
 CREATE OR REPLACE TEMP VIEW rob_base_unpaired AS
-SELECT b.model, b.backend, b.prompt_style, b.suite, b.variant, b.config, b.k, b.framing, b.system_id,
-       b.criterion_id, b.condition, b.specialty, b.question_type, b.imaging_modality, b.difficulty,
+SELECT {base_strata}
        b.run_id, b.base_id,
        b.item_id                    AS base_item_id
 FROM (SELECT * FROM rob_samples WHERE variant = '{base_variant}') b
