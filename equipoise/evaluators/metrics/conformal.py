@@ -68,6 +68,7 @@ over the test units. ``conformal_coverage_by`` reports test coverage per value o
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -393,24 +394,103 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_fac
     )
 
 
-def _split_extra(score: str, repeats: int) -> dict[str, str]:
-    """Per-repeat test sums that only sampling units have (majority vote, hit), and the per-repeat
-    counts of keys below a stratum's hash window (one count per repeat, side by side)."""
-    counts = {
+def _bit(r: int) -> str:
+    """The UBIGINT literal of repeat r's bit in its mask word m{r // 64}."""
+    return f"'{1 << (r % 64)}'::UBIGINT"
+
+
+def _cal(r: int, alias: str = "") -> str:
+    """SQL: the unit is calibration in repeat r (its mask bit is set)."""
+    return f"({alias}m{r // 64} & {_bit(r)}) <> 0"
+
+
+def _test(r: int, alias: str = "") -> str:
+    return f"({alias}m{r // 64} & {_bit(r)}) = 0"
+
+
+def _words(repeats: int) -> int:
+    return (repeats + 63) // 64
+
+
+def _mask_sql(repeats: int) -> dict[str, str]:
+    """Template values of ``conf_mask.sql``: the per-repeat counts of keys below a stratum's hash
+    window (one count per repeat, side by side) and the mask words of a unit (bit r: its key is at or
+    below its stratum's cutoff key of repeat r)."""
+    words = []
+    for w in range(_words(repeats)):
+        terms = [
+            f"CASE WHEN u.hs[{r + 1}] < c.cut_hs[{r + 1}] OR (u.hs[{r + 1}] = c.cut_hs[{r + 1}] "
+            f"AND u.uid <= c.cut_uids[{r + 1}]) THEN {_bit(r)} ELSE 0::UBIGINT END"
+            for r in range(64 * w, min(64 * (w + 1), repeats))
+        ]
+        words.append("(" + "\n           | ".join(terms) + f") AS m{w}")
+    return {
         "below_lo": "list_value(" + ", ".join(f"count_if(hs[{i}] < lo)" for i in range(1, repeats + 1)) + ")",
         "below_hi": "list_value("
         + ", ".join(f"count_if(hi IS NULL OR hs[{i}] < hi)" for i in range(1, repeats + 1))
         + ")",
+        "mask_words": ",\n           ".join(words),
     }
-    if score != "sampling":
-        return {"test_unit_cols": "", "test_extra": "", "per_rep_extra": "", "rep_stats_extra": "", **counts}
+
+
+def _per_repeat(template: str, repeats: int) -> str:
+    """One aggregate per repeat, side by side: ``template`` formatted with r, {cal} / {test} (the
+    repeat's mask bit set / clear) and {q} (the column of its threshold)."""
+    return ",\n           ".join(
+        template.format(r=r, cal=_cal(r), test=_test(r), q=f"q_{r}") for r in range(repeats)
+    )
+
+
+def _listed(template: str, repeats: int) -> str:
+    return "[" + ", ".join(template.format(r=r) for r in range(repeats)) + "]"
+
+
+def _split_extra(score: str, repeats: int) -> dict[str, str]:
+    """Template values of ``conf_split.sql``: the per-repeat aggregates over the unit rows (heaps and
+    counts of calibration, test sums) and the lists that turn them into one row per repeat; for
+    sampling units also the majority-vote and hit sums."""
+    test_aggs = (
+        "count_if({test}) AS n_{r}, count_if({test} AND st <= {q}) AS cv_{r}, "
+        "count_if({test} AND coalesce(mn > {q}, true)) AS em_{r}, sum(n_lo) FILTER (WHERE {test}) AS lo_{r}"
+    )
+    test_unnest = [
+        f"unnest({_listed('n_{r}', repeats)}) AS n",
+        f"unnest({_listed('coalesce(lo_{r}, 0) + coalesce(bd_{r}, 0)', repeats)}) AS sz",
+        f"unnest({_listed('cv_{r}', repeats)}) AS cv",
+        f"unnest({_listed('em_{r}', repeats)}) AS em",
+    ]
+    extra = {"per_rep_extra": "", "rep_stats_extra": ""}
+    if score == "sampling":
+        test_aggs += ", count_if({test} AND mv_correct) AS mv_{r}, count_if({test} AND hit) AS ht_{r}"
+        test_unnest += [
+            f"unnest({_listed('mv_{r}', repeats)}) AS mv",
+            f"unnest({_listed('ht_{r}', repeats)}) AS ht",
+        ]
+        extra = {
+            "per_rep_extra": ", sum(mv)::DOUBLE / sum(n) AS mv_acc, sum(ht)::DOUBLE / sum(n) AS hit",
+            "rep_stats_extra": ",\n           list_avg(list(mv_acc ORDER BY rep)) AS mv_accuracy_test"
+            ",\n           list_avg(list(hit ORDER BY rep)) AS hit_rate_test",
+        }
     return {
-        **counts,
-        "test_unit_cols": ", mv_correct, hit",
-        "test_extra": ", count_if(mv_correct) AS mv, count_if(hit) AS ht",
-        "per_rep_extra": ", sum(mv)::DOUBLE / sum(n) AS mv_acc, sum(ht)::DOUBLE / sum(n) AS hit",
-        "rep_stats_extra": ",\n           list_avg(list(mv_acc ORDER BY rep)) AS mv_accuracy_test"
-        ",\n           list_avg(list(hit ORDER BY rep)) AS hit_rate_test",
+        **extra,
+        "band_aggs": _per_repeat(
+            "count_if({cal}) AS nb_{r}, max(u.st, u.m_top) FILTER (WHERE {cal}) AS tp_{r}", repeats
+        ),
+        "band_n": _listed("nb_{r}", repeats),
+        "band_top": _listed("tp_{r}", repeats),
+        "null_aggs": _per_repeat("count_if({cal}) AS nn_{r}", repeats),
+        "null_n": _listed("nn_{r}", repeats),
+        "full_aggs": _per_repeat(
+            "count_if({cal} AND st IS NOT NULL) AS fn_{r}, max(st, m_top) FILTER (WHERE {cal}) AS ft_{r}",
+            repeats,
+        ),
+        "full_n": _listed("fn_{r}", repeats),
+        "full_top": _listed("ft_{r}", repeats),
+        "q_cols": ", ".join(f"coalesce(qs[{r + 1}], 'infinity'::DOUBLE) AS q_{r}" for r in range(repeats)),
+        "test_aggs": _per_repeat(test_aggs, repeats),
+        "border_aggs": _per_repeat("count_if({test} AND s <= {q}) AS bd_{r}", repeats),
+        "mask_cols": ", ".join(f"u.m{w}" for w in range(_words(repeats))),
+        "test_unnest": ",\n           ".join(test_unnest),
     }
 
 
@@ -448,26 +528,69 @@ def _key_col(score: str, params: dict) -> str:
     return "base_id" if score == "sampling" and params.get("pool", "item") == "base" else "item_id"
 
 
+def _mask_source(
+    con: duckdb.DuckDBPyConnection | None, score: str, values: dict, params: dict
+) -> tuple[str, str]:
+    """The calibration mask of the units (``conf_mask.sql``): the CTEs that compute it inline (or none)
+    and the query ``units_m`` of ``conf_split.sql`` (the units with their mask words and m_top).
+
+    The mask depends on the unit set (group, stratum, run_id and unit key of each unit), the seed,
+    the repeats and cal_fraction, never on the score. When the base relations are fixed for the
+    connection, the option units of LAC, APS (randomised or not) and coverage_by are one unit set,
+    so the mask is computed once into a TEMP table named by a hash of its query (which holds every
+    parameter it depends on) and joined to each score's units; the identity query is the LAC units
+    query, of which only the identity columns are read. Otherwise (views: the relations may change
+    between calls; sampling: its units are pools, built by the same query that scores them) it is
+    CTEs of the metric's own query."""
+    repeats = values["repeats"]
+    keys = _split_keys_source(con, values, _key_col(score, params))
+    mask = _render("conf_mask.sql", split_keys_sql=keys, **values, **_mask_sql(repeats))
+    if not _fixed(con) or score == "sampling":
+        return (
+            "mask_units AS (SELECT * FROM units),\n" + mask + ",\n",
+            "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)",
+        )
+    assert con is not None
+    identity = _units_sql("lac", values, params, None, True)
+    query = (
+        f"WITH {identity},\nmask_units AS (SELECT gid, sid, run_id, ukey FROM units),\n{mask}\n"
+        "SELECT * FROM unit_mask"
+    )
+    table = "_conf_mask_" + hashlib.sha256(query.encode()).hexdigest()[:16]
+    if table not in temp_tables(con):
+        con.execute(f"CREATE TEMP TABLE {table} AS {query}")
+    words = ", ".join(f"mk.m{w}" for w in range(_words(repeats)))
+    return (
+        "",
+        f"SELECT u.*, {words}, g.m AS m_top FROM units u JOIN {table} mk USING (gid, sid, run_id, ukey) "
+        "JOIN group_n g USING (gid)",
+    )
+
+
+def _query(
+    score: str,
+    by: Sequence[str],
+    params: dict,
+    con: duckdb.DuckDBPyConnection | None,
+    cov: str | None,
+    summary: str,
+    **summary_values: object,
+) -> str:
+    values = _common(by, params)
+    # validates the pool before its column is used
+    units = _units_sql(score, values, params, cov, _fixed(con))
+    mask_ctes, units_m = _mask_source(con, score, values, params)
+    split = _render("conf_split.sql", units_m_sql=units_m, **values, **_split_extra(score, values["repeats"]))
+    return f"WITH {units},\n{mask_ctes}{split},\n{_render(summary, **values, **summary_values)}"
+
+
 def conformal_sql(
     score: str, by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None
 ) -> str:
     """The rendered query of conformal_lac / conformal_aps / conformal_sampling (with ``con``: reading
-    the split hashes shared by the connection's conformal metrics where it may)."""
-    values = _common(by, params)
-    # validates the pool before its column is used
-    units = _units_sql(score, values, params, None, _fixed(con))
-    keys = _split_keys_source(con, values, _key_col(score, params))
+    the split hashes and the calibration mask shared by the connection's conformal metrics where it may)."""
     summary = "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
-    return (
-        "WITH "
-        + units
-        + ",\n"
-        + _render(
-            "conf_split.sql", split_keys_sql=keys, **values, **_split_extra(score, _int(params, "repeats", 1))
-        )
-        + ",\n"
-        + _render(summary, **values)
-    )
+    return _query(score, by, params, con, None, summary)
 
 
 def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None) -> str:
@@ -477,22 +600,7 @@ def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnect
     cov = _column(params["coverage_by"], "coverage_by")
     if cov in by:
         raise ValueError(f"coverage_by {cov!r} is already a grouping column")
-    values = _common(by, params)
-    units = _units_sql(str(score), values, params, cov, _fixed(con))
-    keys = _split_keys_source(con, values, _key_col(str(score), params))
-    return (
-        "WITH "
-        + units
-        + ",\n"
-        + _render(
-            "conf_split.sql",
-            split_keys_sql=keys,
-            **values,
-            **_split_extra(str(score), _int(params, "repeats", 1)),
-        )
-        + ",\n"
-        + _render("conf_coverage_by.sql", cov_name=cov, **values)
-    )
+    return _query(str(score), by, params, con, cov, "conf_coverage_by.sql", cov_name=cov)
 
 
 def _runner(score: str):
