@@ -413,23 +413,43 @@ def _words(repeats: int) -> int:
 
 
 def _mask_sql(repeats: int) -> dict[str, str]:
-    """Template values of ``conf_mask.sql``: the per-repeat counts of keys below a stratum's hash
-    window (one count per repeat, side by side) and the mask words of a unit (bit r: its key is at or
-    below its stratum's cutoff key of repeat r)."""
+    """Template values of ``conf_mask.sql``, one expression per repeat r, side by side: the hash
+    columns h_r, the counts of keys below a stratum's hash window, the checked window (wlo_r, whi_r)
+    and need_r, the sorted window keys' need_r-th (the cutoff, split into ch_r and cu_r), and the mask
+    words of a unit (bit r: its key (h_r, uid) is at or below the cutoff (ch_r, cu_r))."""
+    rs = range(repeats)
+    in_window = "h_{r} >= wlo_{r} AND (whi_{r} IS NULL OR h_{r} < whi_{r})"
+    cut_agg = (
+        f"list_sort(list(CASE WHEN {in_window} THEN (h_{{r}}::UHUGEINT << 64) + uid::UHUGEINT END) "
+        f"FILTER (WHERE {in_window}))[any_value(need_{{r}})] AS hu_{{r}}"
+    )
     words = []
     for w in range(_words(repeats)):
         terms = [
-            f"CASE WHEN u.hs[{r + 1}] < c.cut_hs[{r + 1}] OR (u.hs[{r + 1}] = c.cut_hs[{r + 1}] "
-            f"AND u.uid <= c.cut_uids[{r + 1}]) THEN {_bit(r)} ELSE 0::UBIGINT END"
+            f"CASE WHEN u.h_{r} < c.ch_{r} OR (u.h_{r} = c.ch_{r} AND u.uid <= c.cu_{r}) "
+            f"THEN {_bit(r)} ELSE 0::UBIGINT END"
             for r in range(64 * w, min(64 * (w + 1), repeats))
         ]
         words.append("(" + "\n           | ".join(terms) + f") AS m{w}")
+    sep = ",\n           "
     return {
-        "below_lo": "list_value(" + ", ".join(f"count_if(hs[{i}] < lo)" for i in range(1, repeats + 1)) + ")",
-        "below_hi": "list_value("
-        + ", ".join(f"count_if(hi IS NULL OR hs[{i}] < hi)" for i in range(1, repeats + 1))
-        + ")",
-        "mask_words": ",\n           ".join(words),
+        "hash_cols": ", ".join(f"hs[{r + 1}] AS h_{r}" for r in rs),
+        "hash_names": ", ".join(f"h_{r}" for r in rs),
+        "below": sep.join(
+            f"count_if(h_{r} < lo) AS c_lo_{r}, count_if(hi IS NULL OR h_{r} < hi) AS c_hi_{r}" for r in rs
+        ),
+        "window_cols": sep.join(
+            f"CASE WHEN w.c_lo_{r} < st.n_cal THEN st.lo ELSE 0::UBIGINT END AS wlo_{r}, "
+            f"CASE WHEN w.c_hi_{r} >= st.n_cal THEN st.hi END AS whi_{r}, "
+            f"(st.n_cal - CASE WHEN w.c_lo_{r} < st.n_cal THEN w.c_lo_{r} ELSE 0 END)::BIGINT AS need_{r}"
+            for r in rs
+        ),
+        "cut_aggs": sep.join(cut_agg.format(r=r) for r in rs),
+        "cut_cols": sep.join(
+            f"(hu_{r} >> 64)::UBIGINT AS ch_{r}, (hu_{r} & 18446744073709551615::UHUGEINT)::BIGINT AS cu_{r}"
+            for r in rs
+        ),
+        "mask_words": sep.join(words),
     }
 
 
@@ -451,7 +471,8 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
     sampling units also the majority-vote and hit sums."""
     test_aggs = (
         "count_if({test}) AS n_{r}, count_if({test} AND st <= {q}) AS cv_{r}, "
-        "count_if({test} AND coalesce(mn > {q}, true)) AS em_{r}, sum(n_lo) FILTER (WHERE {test}) AS lo_{r}"
+        "count_if({test} AND coalesce(mn > {q}, true)) AS em_{r}, "
+        "sum(CASE WHEN {test} THEN n_lo ELSE 0 END) AS lo_{r}"
     )
     test_unnest = [
         f"unnest({_listed('n_{r}', repeats)}) AS n",
@@ -459,7 +480,7 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
         f"unnest({_listed('cv_{r}', repeats)}) AS cv",
         f"unnest({_listed('em_{r}', repeats)}) AS em",
     ]
-    extra = {"per_rep_extra": "", "rep_stats_extra": ""}
+    extra = {"per_rep_extra": "", "rep_stats_extra": "", "test_unit_cols": ""}
     if score == "sampling":
         test_aggs += ", count_if({test} AND mv_correct) AS mv_{r}, count_if({test} AND hit) AS ht_{r}"
         test_unnest += [
@@ -467,6 +488,7 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
             f"unnest({_listed('ht_{r}', repeats)}) AS ht",
         ]
         extra = {
+            "test_unit_cols": ", u.mv_correct, u.hit",
             "per_rep_extra": ", sum(mv)::DOUBLE / sum(n) AS mv_acc, sum(ht)::DOUBLE / sum(n) AS hit",
             "rep_stats_extra": ",\n           list_avg(list(mv_acc ORDER BY rep)) AS mv_accuracy_test"
             ",\n           list_avg(list(hit ORDER BY rep)) AS hit_rate_test",

@@ -24,6 +24,9 @@
 split_keys AS (  -- the {repeats} split hashes of every distinct unit key (a list by repeat), its rank uk
     {split_keys_sql}
 ),
+key_cols AS (  -- the same hashes as columns h_0, h_1, ... (read once per key, not once per unit and use)
+    SELECT ukey, uk, {hash_cols} FROM split_keys
+),
 run_ids AS (  -- rk: the rank of run_id (0-based), nr: the number of runs
     SELECT run_id, row_number() OVER (ORDER BY run_id) - 1 AS rk, count(*) OVER () AS nr
     FROM (SELECT DISTINCT run_id FROM mask_units)
@@ -52,16 +55,16 @@ mask_strata AS (
     )
 ),
 units_h AS (  -- the units with their hashes, uid and stratum
-    SELECT u.*, s.skey, s.lo, s.hi, k.hs, k.uk * r.nr + r.rk AS uid
+    SELECT u.*, s.skey, s.lo, s.hi, k.* EXCLUDE (ukey, uk), k.uk * r.nr + r.rk AS uid
     FROM mask_units u
-    JOIN split_keys k USING (ukey)
+    JOIN key_cols k USING (ukey)
     JOIN run_ids r USING (run_id)
     JOIN mask_strata s USING (gid, sid)
 ),
--- per stratum and repeat: how many keys lie below lo and below hi (one count per repeat, side by
--- side, in one scan of the units)
+-- per stratum and repeat: how many keys lie below lo and below hi (every repeat side by side, in one
+-- scan of the units)
 window_counts AS (
-    SELECT skey, {below_lo} AS c_lo, {below_hi} AS c_hi
+    SELECT skey, {below}
     FROM units_h
     GROUP BY skey
 ),
@@ -70,36 +73,27 @@ window_counts AS (
 -- the need-th smallest key there (need = n_cal - the keys below lo). Strata with n_cal = 0 have no
 -- cutoff (no calibration unit).
 windows AS (
-    SELECT st.skey, st.gid, st.sid,
-           list_transform(range(1, {repeats} + 1), lambda i: CASE WHEN w.c_lo[i] < st.n_cal THEN st.lo ELSE 0 END) AS los,
-           list_transform(range(1, {repeats} + 1), lambda i: CASE WHEN w.c_hi[i] >= st.n_cal THEN st.hi END) AS his,
-           list_transform(range(1, {repeats} + 1),
-                          lambda i: (st.n_cal - CASE WHEN w.c_lo[i] < st.n_cal THEN w.c_lo[i] ELSE 0 END)::BIGINT) AS needs
+    SELECT st.skey, {window_cols}
     FROM mask_strata st
     JOIN window_counts w USING (skey)
     WHERE st.n_cal > 0
 ),
--- the need-th smallest key (h, uid) in the window, as one UHUGEINT h * 2**64 + uid (same order), from
--- a bounded heap of the need smallest (no sort of the window's rows)
+-- the need-th smallest key (h, uid) in the window, as one UHUGEINT h * 2**64 + uid (same order): the
+-- keys inside the window of each repeat (a few % of the stratum) are listed and sorted, every repeat
+-- side by side in one scan; then split back into the cutoff's hash ch_r and uid cu_r
 cut AS (
-    SELECT skey, rep, min(hu, need::BIGINT)[need::BIGINT] AS cut_hu
-    FROM (SELECT skey, rep, need, (h::UHUGEINT << 64) + uid::UHUGEINT AS hu
-          FROM (SELECT u.skey, u.uid, unnest(range({repeats})) AS rep, unnest(u.hs) AS h,
-                       unnest(w.los) AS lo, unnest(w.his) AS hi, unnest(w.needs) AS need
-                FROM units_h u JOIN windows w USING (skey))
-          WHERE h >= lo AND (hi IS NULL OR h < hi))
-    GROUP BY skey, rep, need
+    SELECT skey, {cut_aggs}
+    FROM units_h
+    JOIN windows USING (skey)
+    GROUP BY skey
 ),
-cut_keys AS (  -- per stratum: the cutoff key of every repeat, as lists by repeat
-    SELECT c.skey, list((c.cut_hu >> 64)::UBIGINT ORDER BY c.rep) AS cut_hs,
-           list((c.cut_hu & 18446744073709551615::UHUGEINT)::BIGINT ORDER BY c.rep) AS cut_uids
-    FROM cut c
-    GROUP BY c.skey
+cut_cols AS (
+    SELECT skey, {cut_cols} FROM cut
 ),
--- per unit: calibration in repeat r iff (hs[r], uid) <= (cut_hs[r], cut_uids[r]); a stratum without
--- calibration units has no cutoff (NULL: every bit clear)
+-- per unit: calibration in repeat r iff (h_r, uid) <= (ch_r, cu_r); a stratum without calibration
+-- units has no cutoff (NULL: every bit clear)
 unit_mask AS (
-    SELECT u.* EXCLUDE (skey, lo, hi, hs, uid), {mask_words}
+    SELECT u.* EXCLUDE (skey, lo, hi, uid, {hash_names}), {mask_words}
     FROM units_h u
-    LEFT JOIN cut_keys c USING (skey)
+    LEFT JOIN cut_cols c USING (skey)
 )

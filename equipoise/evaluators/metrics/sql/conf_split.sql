@@ -111,13 +111,18 @@ q_cols AS (
 -- that are <= q_r (`test_border`); it is empty iff its smallest score exceeds q_r (or it has no
 -- option). Summed per group and coverage_by value, every repeat side by side: units, covered units,
 -- empty sets, set sizes
+-- (materialized: narrow rows, so that n_lo and mn are computed once, not once per repeat's expression)
+test_units AS MATERIALIZED (
+    SELECT u.gid, u.cov, u.st, {mask_cols}{test_unit_cols}, len(list_filter(u.ss, lambda x: x <= q.q_lo)) AS n_lo,
+           list_min(u.ss) AS mn
+    FROM units_m u
+    JOIN q_cols q USING (gid)
+    WHERE u.ss IS NOT NULL
+),
 test_wide AS (
     SELECT gid, cov, {test_aggs}
-    FROM (SELECT u.*, q.* EXCLUDE (gid), len(list_filter(u.ss, lambda x: x <= q.q_lo)) AS n_lo,
-                 list_min(u.ss) AS mn
-          FROM units_m u
-          JOIN q_cols q USING (gid)
-          WHERE u.ss IS NOT NULL)
+    FROM test_units
+    JOIN q_cols USING (gid)
     GROUP BY gid, cov
 ),
 test_border AS (
