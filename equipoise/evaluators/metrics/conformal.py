@@ -550,43 +550,74 @@ def _key_col(score: str, params: dict) -> str:
     return "base_id" if score == "sampling" and params.get("pool", "item") == "base" else "item_id"
 
 
-def _mask_source(
-    con: duckdb.DuckDBPyConnection | None, score: str, values: dict, params: dict
-) -> tuple[str, str]:
-    """The calibration mask of the units (``conf_mask.sql``): the CTEs that compute it inline (or none)
-    and the query ``units_m`` of ``conf_split.sql`` (the units with their mask words and m_top).
+def _inline_mask(
+    con: duckdb.DuckDBPyConnection | None, score: str, values: dict, params: dict, cols: str = "*"
+) -> str:
+    """The CTEs of ``conf_mask.sql`` computing the mask of the query's own ``units`` (the columns
+    ``cols`` of each unit passed through to ``unit_mask``)."""
+    keys = _split_keys_source(con, values, _key_col(score, params))
+    mask = _render("conf_mask.sql", split_keys_sql=keys, **values, **_mask_sql(values["repeats"]))
+    return f"mask_units AS (SELECT {cols} FROM units),\n{mask},\n"
+
+
+def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
+    """The TEMP table of the option units' calibration mask (computed here if missing): one row per
+    prediction of the sample (gid, sid, run_id, ukey = item_id, mask words m0, ...; NULL words: the
+    item has no option scores, so it is no unit).
 
     The mask depends on the unit set (group, stratum, run_id and unit key of each unit), the seed,
-    the repeats and cal_fraction, never on the score. When the base relations are fixed for the
-    connection, the option units of LAC, APS (randomised or not) and coverage_by are one unit set,
-    so the mask is computed once into a TEMP table named by a hash of its query (which holds every
-    parameter it depends on) and joined to each score's units; the identity query is the LAC units
-    query, of which only the identity columns are read. Otherwise (views: the relations may change
-    between calls; sampling: its units are pools, built by the same query that scores them) it is
-    CTEs of the metric's own query."""
-    repeats = values["repeats"]
-    keys = _split_keys_source(con, values, _key_col(score, params))
-    mask = _render("conf_mask.sql", split_keys_sql=keys, **values, **_mask_sql(repeats))
-    if not _fixed(con) or score == "sampling":
-        return (
-            "mask_units AS (SELECT * FROM units),\n" + mask + ",\n",
-            "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)",
-        )
-    assert con is not None
+    the repeats and cal_fraction, never on the score: LAC, APS (randomised or not) and coverage_by
+    share one unit set. The table is named by a hash of its query, which holds every parameter it
+    depends on, so a connection computes it once per unit set and parameters; the identity query is
+    the LAC units query, of which only the identity columns are read."""
     identity = _units_sql("lac", values, params, None, True)
+    nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
+    mask = _inline_mask(con, "lac", values, params, "gid, sid, run_id, ukey")
     query = (
-        f"WITH {identity},\nmask_units AS (SELECT gid, sid, run_id, ukey FROM units),\n{mask}\n"
-        "SELECT * FROM unit_mask"
+        f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
+        f"UNION ALL SELECT gid, sid, run_id, ukey, {nulls} FROM base WHERE NOT has_probs"
     )
     table = "_conf_mask_" + hashlib.sha256(query.encode()).hexdigest()[:16]
     if table not in temp_tables(con):
         con.execute(f"CREATE TEMP TABLE {table} AS {query}")
-    words = ", ".join(f"mk.m{w}" for w in range(_words(repeats)))
-    return (
-        "",
-        f"SELECT u.*, {words}, g.m AS m_top FROM units u JOIN {table} mk USING (gid, sid, run_id, ukey) "
-        "JOIN group_n g USING (gid)",
+    return table
+
+
+def _cached_option_units(table: str, score: str, values: dict, params: dict, cov: str | None) -> str:
+    """``base`` and ``units`` of LAC / plain APS read from the mask table and the per-sample facts:
+    the mask table already holds every prediction's group, stratum and unit key, so only the scores
+    (``sample_probs``) and, for coverage_by, the reported column are joined to it; ``gkeys`` gives
+    the grouping values of the output (numbered as in the mask's query)."""
+    sample = values["sample_index"]
+    by = values["by_cols"]
+    if by:
+        listed = ", ".join(by)
+        gkeys = (
+            f"gkeys AS (SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS gid FROM "
+            f"(SELECT DISTINCT {listed} FROM scored WHERE sample_index = {sample}))"
+        )
+    else:
+        gkeys = "gkeys AS (SELECT 1 AS gid)"
+    words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
+    cov_join = (
+        f"\n    JOIN scored sc ON sc.run_id = t.run_id AND sc.item_id = t.ukey AND sc.sample_index = {sample}"
+        if cov
+        else ""
     )
+    return f"""{gkeys},
+probs AS (
+    {_SCORES_FACT.format(score=score, sample_index=sample)}
+),
+base AS (  -- every prediction of the sample: its group and whether it has option scores
+    SELECT t.gid, {values["g_by"]}t.m0 IS NOT NULL AS has_probs FROM {table} t JOIN gkeys g USING (gid)
+),
+units AS (
+    SELECT t.gid, t.sid, t.run_id, t.ukey, {f"sc.{cov}" if cov else "NULL"} AS cov, pr.ss, pr.st,
+           NOT pr.has_target AS target_unscored, {words}
+    FROM {table} t
+    JOIN probs pr ON pr.run_id = t.run_id AND pr.item_id = t.ukey{cov_join}
+    WHERE t.m0 IS NOT NULL
+)"""
 
 
 def _query(
@@ -598,10 +629,34 @@ def _query(
     summary: str,
     **summary_values: object,
 ) -> str:
+    """The whole query of a conformal metric: units, their calibration mask, the split
+    (``conf_split.sql``) and the summary.
+
+    Where the mask comes from: with fixed base relations (see ``_option_mask_table``) the option
+    metrics read the connection's shared mask table, LAC and plain APS build their units on it,
+    randomised APS (scores from ``option_probs``) joins it to its own units; otherwise (views: the
+    relations may change between calls; sampling: its units are pools, built by the same query that
+    scores them) the mask is CTEs of the metric's own query."""
     values = _common(by, params)
     # validates the pool before its column is used
     units = _units_sql(score, values, params, cov, _fixed(con))
-    mask_ctes, units_m = _mask_source(con, score, values, params)
+    units_m = "SELECT u.*, g.m AS m_top FROM {src} JOIN group_n g USING (gid)"
+    mask_ctes = ""
+    if not _fixed(con) or score == "sampling":
+        mask_ctes = _inline_mask(con, score, values, params)
+        units_m = units_m.format(src="unit_mask u")
+    else:
+        assert con is not None
+        table = _option_mask_table(con, values, params)
+        if score == "aps" and params.get("aps_randomized"):
+            words = ", ".join(f"mk.m{w}" for w in range(_words(values["repeats"])))
+            units_m = (
+                f"SELECT u.*, {words}, g.m AS m_top FROM units u "
+                f"JOIN {table} mk USING (gid, sid, run_id, ukey) JOIN group_n g USING (gid)"
+            )
+        else:
+            units = _cached_option_units(table, score, values, params, cov)
+            units_m = units_m.format(src="units u")
     split = _render("conf_split.sql", units_m_sql=units_m, **values, **_split_extra(score, values["repeats"]))
     return f"WITH {units},\n{mask_ctes}{split},\n{_render(summary, **values, **summary_values)}"
 
