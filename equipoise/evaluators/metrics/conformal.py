@@ -41,7 +41,18 @@ arithmetic are defined; DuckDB's ``hash`` is not). md5 runs once per unit key, n
 repeat (md5 of units x repeats strings was most of these metrics' time). The order is never sorted in
 full: a unit is calibration iff its key is <= the stratum's n_cal-th smallest key, found from the
 counts below the ends of a narrow window of hash values around n_cal / N * 2**64 (checked, widened
-where it misses) and a bounded heap of the keys inside it (``sql/conf_split.sql``).
+where it misses) and a sort of the few keys inside it (``sql/conf_mask.sql``).
+
+Calibration mask. Which units calibrate in which repeat depends only on the units (group, stratum,
+run_id and unit key of each), the seed, the repeats and cal_fraction, never on the score. It is
+computed once as one bit per unit and repeat (UBIGINT words m0, m1, ...: bit r % 64 of word r // 64
+is set iff the unit is calibration in repeat r, so any number of repeats fits) and every per-repeat
+sum is then an aggregate of its own over the unit rows, all repeats side by side in one scan
+(count_if(<bit r clear> AND st <= q_r), ...), instead of units x repeats rows. When the base
+relations are fixed for the connection (a read-only pass, ``registry.prepare(materialize=True)``),
+LAC, APS and coverage_by share one unit set (sample ``sample_index`` of each run x item with option
+scores), so its mask is a TEMP table computed once per connection and parameters, and LAC / plain
+APS build their units on it; otherwise (views, and the sampling pools) each query computes it inline.
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -550,14 +561,12 @@ def _key_col(score: str, params: dict) -> str:
     return "base_id" if score == "sampling" and params.get("pool", "item") == "base" else "item_id"
 
 
-def _inline_mask(
-    con: duckdb.DuckDBPyConnection | None, score: str, values: dict, params: dict, cols: str = "*"
-) -> str:
-    """The CTEs of ``conf_mask.sql`` computing the mask of the query's own ``units`` (the columns
-    ``cols`` of each unit passed through to ``unit_mask``)."""
+def _inline_mask(con: duckdb.DuckDBPyConnection | None, score: str, values: dict, params: dict) -> str:
+    """The CTEs of ``conf_mask.sql`` computing the mask of the query's own ``units`` (only their
+    identity columns go through it: the score lists are joined back afterwards, not carried)."""
     keys = _split_keys_source(con, values, _key_col(score, params))
     mask = _render("conf_mask.sql", split_keys_sql=keys, **values, **_mask_sql(values["repeats"]))
-    return f"mask_units AS (SELECT {cols} FROM units),\n{mask},\n"
+    return f"mask_units AS (SELECT gid, sid, run_id, ukey FROM units),\n{mask},\n"
 
 
 def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
@@ -572,7 +581,7 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dic
     the LAC units query, of which only the identity columns are read."""
     identity = _units_sql("lac", values, params, None, True)
     nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
-    mask = _inline_mask(con, "lac", values, params, "gid, sid, run_id, ukey")
+    mask = _inline_mask(con, "lac", values, params)
     query = (
         f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
         f"UNION ALL SELECT gid, sid, run_id, ukey, {nulls} FROM base WHERE NOT has_probs"
@@ -640,23 +649,23 @@ def _query(
     values = _common(by, params)
     # validates the pool before its column is used
     units = _units_sql(score, values, params, cov, _fixed(con))
-    units_m = "SELECT u.*, g.m AS m_top FROM {src} JOIN group_n g USING (gid)"
+    words = "".join(f"mk.m{w}, " for w in range(_words(values["repeats"])))
+    joined = (
+        "SELECT u.*, {words}g.m AS m_top FROM units u JOIN {table} mk USING (gid, sid, run_id, ukey) "
+        "JOIN group_n g USING (gid)"
+    )
     mask_ctes = ""
     if not _fixed(con) or score == "sampling":
         mask_ctes = _inline_mask(con, score, values, params)
-        units_m = units_m.format(src="unit_mask u")
+        units_m = joined.format(words=words, table="unit_mask")
     else:
         assert con is not None
         table = _option_mask_table(con, values, params)
         if score == "aps" and params.get("aps_randomized"):
-            words = ", ".join(f"mk.m{w}" for w in range(_words(values["repeats"])))
-            units_m = (
-                f"SELECT u.*, {words}, g.m AS m_top FROM units u "
-                f"JOIN {table} mk USING (gid, sid, run_id, ukey) JOIN group_n g USING (gid)"
-            )
+            units_m = joined.format(words=words, table=table)
         else:
             units = _cached_option_units(table, score, values, params, cov)
-            units_m = units_m.format(src="units u")
+            units_m = "SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)"
     split = _render("conf_split.sql", units_m_sql=units_m, **values, **_split_extra(score, values["repeats"]))
     return f"WITH {units},\n{mask_ctes}{split},\n{_render(summary, **values, **summary_values)}"
 

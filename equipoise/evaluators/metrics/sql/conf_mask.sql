@@ -13,14 +13,17 @@
 -- round_half_up(cal_fraction * N) are calibration, the rest test. cal_fraction = {cal_num}/{cal_den}.
 --
 -- How, without sorting units x repeats rows: md5 runs once per distinct unit key, the {repeats}
--- hashes are integer arithmetic on it. The tie-break (ukey, run_id) is one BIGINT uid (ukey's rank
--- among the keys times the number of runs plus run_id's rank: the same order as the two strings,
--- compared as one integer). A stratum's calibration part is the set of units whose key (h, uid) is
--- <= its n_cal-th smallest key, so only that cutoff key is needed: the hashes are uniform, so it
--- lies in a narrow window of hash values around n_cal / N * 2**64; one scan of the units counts, for
--- every repeat, the keys below the window's ends (checked, and widened where the guess missed), and
--- only the keys inside it (a few % of the stratum) go into a bounded heap. A last scan compares
--- every unit's key with its stratum's cutoff of every repeat and packs the answers into the words.
+-- hashes are integer arithmetic on it (columns h_0, h_1, ...). The tie-break (ukey, run_id) is one
+-- BIGINT uid (ukey's rank among the keys times the number of runs plus run_id's rank: the same order
+-- as the two strings, compared as one integer). A stratum's calibration part is the set of units
+-- whose key (h, uid) is <= its n_cal-th smallest key, so only that cutoff key is needed: the hashes
+-- are uniform, so it lies in a narrow window of hash values around n_cal / N * 2**64; one scan of
+-- the units counts, for every repeat, the keys below the window's ends (checked, and widened where
+-- the guess missed: only that stratum and repeat then lists more keys), a second lists the keys
+-- inside each repeat's window (a few % of the stratum) and takes the cutoff from their sort, and a
+-- last one compares every unit's key with its stratum's cutoff of every repeat and packs the
+-- answers into the words. Every per-repeat quantity is a column of its own (conformal.py writes one
+-- expression per repeat), so no step makes units x repeats rows.
 split_keys AS (  -- the {repeats} split hashes of every distinct unit key (a list by repeat), its rank uk
     {split_keys_sql}
 ),
