@@ -444,7 +444,6 @@ def _mask_sql(repeats: int) -> dict[str, str]:
         words.append("(" + "\n           | ".join(terms) + f") AS m{w}")
     sep = ",\n           "
     return {
-        "hash_cols": ", ".join(f"hs[{r + 1}] AS h_{r}" for r in rs),
         "hash_names": ", ".join(f"h_{r}" for r in rs),
         "below": sep.join(
             f"count_if(h_{r} < lo) AS c_lo_{r}, count_if(hi IS NULL OR h_{r} < hi) AS c_hi_{r}" for r in rs
@@ -528,12 +527,15 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
 
 
 def _split_keys_sql(values: dict, keys: str) -> str:
-    """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``) and
-    its rank ``uk`` in string order (the tie-break of the split order, as an integer)."""
+    """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``), as
+    columns h_0, h_1, ... (repeat r), and its rank ``uk`` in string order (the tie-break of the split
+    order, as an integer)."""
+    cols = ", ".join(f"hs[{r + 1}] AS h_{r}" for r in range(values["repeats"]))
     return (
-        f"SELECT ukey, {values['split_hashes']} AS hs, row_number() OVER (ORDER BY ukey) AS uk FROM "
+        f"SELECT ukey, uk, {cols} FROM (SELECT ukey, {values['split_hashes']} AS hs, "
+        "row_number() OVER (ORDER BY ukey) AS uk FROM "
         f"(SELECT ukey, ('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb "
-        f"FROM ({keys}))"
+        f"FROM ({keys})))"
     )
 
 
@@ -549,7 +551,7 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
     if table not in temp_tables(con):
         keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
         con.execute(f"CREATE TEMP TABLE {table} AS {_split_keys_sql(values, keys)}")
-    return f"SELECT ukey, hs, uk FROM {table}"
+    return f"SELECT * FROM {table}"
 
 
 def _fixed(con: duckdb.DuckDBPyConnection | None) -> bool:

@@ -24,11 +24,8 @@
 -- last one compares every unit's key with its stratum's cutoff of every repeat and packs the
 -- answers into the words. Every per-repeat quantity is a column of its own (conformal.py writes one
 -- expression per repeat), so no step makes units x repeats rows.
-split_keys AS (  -- the {repeats} split hashes of every distinct unit key (a list by repeat), its rank uk
+split_keys AS (  -- the {repeats} split hashes of every distinct unit key (columns h_0, h_1, ...), its rank uk
     {split_keys_sql}
-),
-key_cols AS (  -- the same hashes as columns h_0, h_1, ... (read once per key, not once per unit and use)
-    SELECT ukey, uk, {hash_cols} FROM split_keys
 ),
 run_ids AS (  -- rk: the rank of run_id (0-based), nr: the number of runs
     SELECT run_id, row_number() OVER (ORDER BY run_id) - 1 AS rk, count(*) OVER () AS nr
@@ -60,7 +57,7 @@ mask_strata AS (
 units_h AS (  -- the units with their hashes, uid and stratum
     SELECT u.*, s.skey, s.lo, s.hi, k.* EXCLUDE (ukey, uk), k.uk * r.nr + r.rk AS uid
     FROM mask_units u
-    JOIN key_cols k USING (ukey)
+    JOIN split_keys k USING (ukey)
     JOIN run_ids r USING (run_id)
     JOIN mask_strata s USING (gid, sid)
 ),
