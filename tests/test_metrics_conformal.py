@@ -750,3 +750,38 @@ def test_split_hashes_shared_by_a_materialized_pass_give_the_same_frames(store):
         assert {"_conf_split_keys_item_id_3_7", "_conf_split_keys_base_id_3_7"} <= tables
     finally:
         con.close()
+
+
+def test_more_than_64_repeats_use_several_mask_words(store, sample_store):
+    """70 repeats need two 64-bit mask words per unit (repeats 64..69 in the second): the metrics still
+    match the reference, through the inline mask and through the connection's shared mask table."""
+    seed, repeats = 9, 70
+    got = _compute(store, "conformal_lac", repeats=repeats, seed=seed)
+    units, counts = option_units(store, "lac", BY, ("target_role",), seed=seed)
+    ref = run_splits(units, repeats=repeats, seed=seed)
+    assert len(got) == len(counts)
+    for _, row in got.iterrows():
+        key = _key(row, BY)
+        if key not in ref:
+            assert row.n_cal == 0 and pd.isna(row.coverage_mean)
+            continue
+        want = summarise(ref[key])
+        for col in COLS:
+            _close(row[col], want[col])
+    units, _ = sampling_units(sample_store, BY, ("target_role",), pool="item")
+    ref = run_splits(units, repeats=repeats, seed=seed)
+    got = _compute(sample_store, "conformal_sampling", repeats=repeats, seed=seed)
+    for _, row in got.iterrows():
+        want = summarise(ref[_key(row, BY)])
+        for col in COLS:
+            _close(row[col], want[col])
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        for name in ("conformal_lac", "conformal_coverage_by"):
+            shared = compute(con, name, list(BY), {"seed": seed, "repeats": repeats})
+            pd.testing.assert_frame_equal(
+                shared, _compute(store, name, BY, seed=seed, repeats=repeats), check_exact=True
+            )
+    finally:
+        con.close()

@@ -43,7 +43,18 @@ arithmetic are defined; DuckDB's ``hash`` is not). md5 runs once per unit key, n
 repeat (md5 of units x repeats strings was most of these metrics' time). The order is never sorted in
 full: a unit is calibration iff its key is <= the stratum's n_cal-th smallest key, found from the
 counts below the ends of a narrow window of hash values around n_cal / N * 2**64 (checked, widened
-where it misses) and a bounded heap of the keys inside it (``sql/conf_split.sql``).
+where it misses) and a sort of the few keys inside it (``sql/conf_mask.sql``).
+
+Calibration mask. Which units calibrate in which repeat depends only on the units (group, stratum,
+run_id and unit key of each), the seed, the repeats and cal_fraction, never on the score. It is
+computed once as one bit per unit and repeat (UBIGINT words m0, m1, ...: bit r % 64 of word r // 64
+is set iff the unit is calibration in repeat r, so any number of repeats fits) and every per-repeat
+sum is then an aggregate of its own over the unit rows, all repeats side by side in one scan
+(count_if(<bit r clear> AND st <= q_r), ...), instead of units x repeats rows. When the base
+relations are fixed for the connection (a read-only pass, ``registry.prepare(materialize=True)``),
+LAC, APS and coverage_by share one unit set (sample ``sample_index`` of each run x item with option
+scores), so its mask is a TEMP table computed once per connection and parameters, and LAC / plain
+APS build their units on it; otherwise (views, and the sampling pools) each query computes it inline.
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -70,6 +81,7 @@ over the test units. ``conformal_coverage_by`` reports test coverage per value o
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -448,34 +460,138 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_fac
     )
 
 
-def _split_extra(score: str, repeats: int) -> dict[str, str]:
-    """Per-repeat test sums that only sampling units have (majority vote, hit), and the per-repeat
-    counts of keys below a stratum's hash window (one count per repeat, side by side)."""
-    counts = {
-        "below_lo": "list_value(" + ", ".join(f"count_if(hs[{i}] < lo)" for i in range(1, repeats + 1)) + ")",
-        "below_hi": "list_value("
-        + ", ".join(f"count_if(hi IS NULL OR hs[{i}] < hi)" for i in range(1, repeats + 1))
-        + ")",
-    }
-    if score != "sampling":
-        return {"test_unit_cols": "", "test_extra": "", "per_rep_extra": "", "rep_stats_extra": "", **counts}
+def _bit(r: int) -> str:
+    """The UBIGINT literal of repeat r's bit in its mask word m{r // 64}."""
+    return f"'{1 << (r % 64)}'::UBIGINT"
+
+
+def _cal(r: int) -> str:
+    """SQL: the unit is calibration in repeat r (its mask bit is set)."""
+    return f"(m{r // 64} & {_bit(r)}) <> 0"
+
+
+def _test(r: int) -> str:
+    """SQL: the unit is test in repeat r (its mask bit is clear)."""
+    return f"(m{r // 64} & {_bit(r)}) = 0"
+
+
+def _words(repeats: int) -> int:
+    return (repeats + 63) // 64
+
+
+def _mask_sql(repeats: int) -> dict[str, str]:
+    """Template values of ``conf_mask.sql``, one expression per repeat r, side by side: the hash
+    columns h_r, the counts of keys below a stratum's hash window, the checked window (wlo_r, whi_r)
+    and need_r, the sorted window keys' need_r-th (the cutoff, split into ch_r and cu_r), and the mask
+    words of a unit (bit r: its key (h_r, uid) is at or below the cutoff (ch_r, cu_r))."""
+    rs = range(repeats)
+    in_window = "h_{r} >= wlo_{r} AND (whi_{r} IS NULL OR h_{r} < whi_{r})"
+    cut_agg = (
+        f"list_sort(list(CASE WHEN {in_window} THEN (h_{{r}}::UHUGEINT << 64) + uid::UHUGEINT END) "
+        f"FILTER (WHERE {in_window}))[any_value(need_{{r}})] AS hu_{{r}}"
+    )
+    words = []
+    for w in range(_words(repeats)):
+        terms = [
+            f"CASE WHEN u.h_{r} < c.ch_{r} OR (u.h_{r} = c.ch_{r} AND u.uid <= c.cu_{r}) "
+            f"THEN {_bit(r)} ELSE 0::UBIGINT END"
+            for r in range(64 * w, min(64 * (w + 1), repeats))
+        ]
+        words.append("(" + "\n           | ".join(terms) + f") AS m{w}")
+    sep = ",\n           "
     return {
-        **counts,
-        "test_unit_cols": ", mv_correct, hit",
-        "test_extra": ", count_if(mv_correct) AS mv, count_if(hit) AS ht",
-        "per_rep_extra": ", sum(mv)::DOUBLE / sum(n) AS mv_acc, sum(ht)::DOUBLE / sum(n) AS hit",
-        "rep_stats_extra": ",\n           list_avg(list(mv_acc ORDER BY rep)) AS mv_accuracy_test"
-        ",\n           list_avg(list(hit ORDER BY rep)) AS hit_rate_test",
+        "hash_names": ", ".join(f"h_{r}" for r in rs),
+        "below": sep.join(
+            f"count_if(h_{r} < lo) AS c_lo_{r}, count_if(hi IS NULL OR h_{r} < hi) AS c_hi_{r}" for r in rs
+        ),
+        "window_cols": sep.join(
+            f"CASE WHEN w.c_lo_{r} < st.n_cal THEN st.lo ELSE 0::UBIGINT END AS wlo_{r}, "
+            f"CASE WHEN w.c_hi_{r} >= st.n_cal THEN st.hi END AS whi_{r}, "
+            f"(st.n_cal - CASE WHEN w.c_lo_{r} < st.n_cal THEN w.c_lo_{r} ELSE 0 END)::BIGINT AS need_{r}"
+            for r in rs
+        ),
+        "cut_aggs": sep.join(cut_agg.format(r=r) for r in rs),
+        "cut_cols": sep.join(
+            f"(hu_{r} >> 64)::UBIGINT AS ch_{r}, (hu_{r} & 18446744073709551615::UHUGEINT)::BIGINT AS cu_{r}"
+            for r in rs
+        ),
+        "mask_words": sep.join(words),
+    }
+
+
+def _per_repeat(template: str, repeats: int) -> str:
+    """One aggregate per repeat, side by side: ``template`` formatted with r, {cal} / {test} (the
+    repeat's mask bit set / clear) and {q} (the column of its threshold)."""
+    return ",\n           ".join(
+        template.format(r=r, cal=_cal(r), test=_test(r), q=f"q_{r}") for r in range(repeats)
+    )
+
+
+def _listed(template: str, repeats: int) -> str:
+    return "[" + ", ".join(template.format(r=r) for r in range(repeats)) + "]"
+
+
+def _split_extra(score: str, repeats: int) -> dict[str, str]:
+    """Template values of ``conf_split.sql``: the per-repeat aggregates over the unit rows (heaps and
+    counts of calibration, test sums) and the lists that turn them into one row per repeat; for
+    sampling units also the majority-vote and hit sums."""
+    test_aggs = (
+        "count_if({test}) AS n_{r}, count_if({test} AND st <= {q}) AS cv_{r}, "
+        "count_if({test} AND coalesce(mn > {q}, true)) AS em_{r}, "
+        "sum(CASE WHEN {test} THEN n_lo ELSE 0 END) AS lo_{r}"
+    )
+    test_unnest = [
+        f"unnest({_listed('n_{r}', repeats)}) AS n",
+        f"unnest({_listed('coalesce(lo_{r}, 0) + coalesce(bd_{r}, 0)', repeats)}) AS sz",
+        f"unnest({_listed('cv_{r}', repeats)}) AS cv",
+        f"unnest({_listed('em_{r}', repeats)}) AS em",
+    ]
+    extra = {"per_rep_extra": "", "rep_stats_extra": "", "test_unit_cols": ""}
+    if score == "sampling":
+        test_aggs += ", count_if({test} AND mv_correct) AS mv_{r}, count_if({test} AND hit) AS ht_{r}"
+        test_unnest += [
+            f"unnest({_listed('mv_{r}', repeats)}) AS mv",
+            f"unnest({_listed('ht_{r}', repeats)}) AS ht",
+        ]
+        extra = {
+            "test_unit_cols": ", u.mv_correct, u.hit",
+            "per_rep_extra": ", sum(mv)::DOUBLE / sum(n) AS mv_acc, sum(ht)::DOUBLE / sum(n) AS hit",
+            "rep_stats_extra": ",\n           list_avg(list(mv_acc ORDER BY rep)) AS mv_accuracy_test"
+            ",\n           list_avg(list(hit ORDER BY rep)) AS hit_rate_test",
+        }
+    return {
+        **extra,
+        "band_aggs": _per_repeat(
+            "count_if({cal}) AS nb_{r}, max(u.st, u.m_top) FILTER (WHERE {cal}) AS tp_{r}", repeats
+        ),
+        "band_n": _listed("nb_{r}", repeats),
+        "band_top": _listed("tp_{r}", repeats),
+        "null_aggs": _per_repeat("count_if({cal}) AS nn_{r}", repeats),
+        "null_n": _listed("nn_{r}", repeats),
+        "full_aggs": _per_repeat(
+            "count_if({cal} AND st IS NOT NULL) AS fn_{r}, max(st, m_top) FILTER (WHERE {cal}) AS ft_{r}",
+            repeats,
+        ),
+        "full_n": _listed("fn_{r}", repeats),
+        "full_top": _listed("ft_{r}", repeats),
+        "q_cols": ", ".join(f"coalesce(qs[{r + 1}], 'infinity'::DOUBLE) AS q_{r}" for r in range(repeats)),
+        "test_aggs": _per_repeat(test_aggs, repeats),
+        "border_aggs": _per_repeat("count_if({test} AND s <= {q}) AS bd_{r}", repeats),
+        "mask_cols": ", ".join(f"u.m{w}" for w in range(_words(repeats))),
+        "test_unnest": ",\n           ".join(test_unnest),
     }
 
 
 def _split_keys_sql(values: dict, keys: str) -> str:
-    """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``) and
-    its rank ``uk`` in string order (the tie-break of the split order, as an integer)."""
+    """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``), as
+    columns h_0, h_1, ... (repeat r), and its rank ``uk`` in string order (the tie-break of the split
+    order, as an integer)."""
+    cols = ", ".join(f"hs[{r + 1}] AS h_{r}" for r in range(values["repeats"]))
     return (
-        f"SELECT ukey, {values['split_hashes']} AS hs, row_number() OVER (ORDER BY ukey) AS uk FROM "
+        f"SELECT ukey, uk, {cols} FROM (SELECT ukey, {values['split_hashes']} AS hs, "
+        "row_number() OVER (ORDER BY ukey) AS uk FROM "
         f"(SELECT ukey, ('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb "
-        f"FROM ({keys}))"
+        f"FROM ({keys})))"
     )
 
 
@@ -491,7 +607,7 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
     if table not in temp_tables(con):
         keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
         con.execute(f"CREATE TEMP TABLE {table} AS {_split_keys_sql(values, keys)}")
-    return f"SELECT ukey, hs, uk FROM {table}"
+    return f"SELECT * FROM {table}"
 
 
 def _fixed(con: duckdb.DuckDBPyConnection | None) -> bool:
@@ -503,26 +619,126 @@ def _key_col(score: str, params: dict) -> str:
     return "base_id" if score == "sampling" and params.get("pool", "item") == "base" else "item_id"
 
 
+def _inline_mask(
+    con: duckdb.DuckDBPyConnection | None, score: str, values: dict, params: dict, cols: str = "*"
+) -> str:
+    """The CTEs of ``conf_mask.sql`` computing the mask of the query's own ``units``, passing the
+    columns ``cols`` of each unit through to ``unit_mask``. A metric's own query carries all of them
+    (at 10M predictions that was faster than joining the mask back to the units on their four
+    identity columns); the shared mask table takes only the identity."""
+    keys = _split_keys_source(con, values, _key_col(score, params))
+    mask = _render("conf_mask.sql", split_keys_sql=keys, **values, **_mask_sql(values["repeats"]))
+    return f"mask_units AS (SELECT {cols} FROM units),\n{mask},\n"
+
+
+def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
+    """The TEMP table of the option units' calibration mask (computed here if missing): one row per
+    prediction of the sample (gid, sid, run_id, ukey = item_id, mask words m0, ...; NULL words: the
+    item has no option scores, so it is no unit).
+
+    The mask depends on the unit set (group, stratum, run_id and unit key of each unit), the seed,
+    the repeats and cal_fraction, never on the score: LAC, APS (randomised or not) and coverage_by
+    share one unit set. The table is named by a hash of its query, which holds every parameter it
+    depends on, so a connection computes it once per unit set and parameters; the identity query is
+    the LAC units query, of which only the identity columns are read."""
+    identity = _units_sql("lac", values, params, None, True)
+    nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
+    mask = _inline_mask(con, "lac", values, params, "gid, sid, run_id, ukey")
+    query = (
+        f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
+        f"UNION ALL SELECT gid, sid, run_id, ukey, {nulls} FROM base WHERE NOT has_probs"
+    )
+    table = "_conf_mask_" + hashlib.sha256(query.encode()).hexdigest()[:16]
+    if table not in temp_tables(con):
+        con.execute(f"CREATE TEMP TABLE {table} AS {query}")
+    return table
+
+
+def _cached_option_units(table: str, score: str, values: dict, params: dict, cov: str | None) -> str:
+    """``base`` and ``units`` of LAC / plain APS read from the mask table and the per-sample facts:
+    the mask table already holds every prediction's group, stratum and unit key, so only the scores
+    (``sample_probs``) and, for coverage_by, the reported column are joined to it; ``gkeys`` gives
+    the grouping values of the output (numbered as in the mask's query)."""
+    sample = values["sample_index"]
+    by = values["by_cols"]
+    if by:
+        listed = ", ".join(by)
+        gkeys = (
+            f"gkeys AS (SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS gid FROM "
+            f"(SELECT DISTINCT {listed} FROM scored WHERE sample_index = {sample}))"
+        )
+    else:
+        gkeys = "gkeys AS (SELECT 1 AS gid)"
+    words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
+    cov_join = (
+        f"\n    JOIN scored sc ON sc.run_id = t.run_id AND sc.item_id = t.ukey AND sc.sample_index = {sample}"
+        if cov
+        else ""
+    )
+    return f"""{gkeys},
+probs AS (
+    {_SCORES_FACT.format(score=score, sample_index=sample)}
+),
+base AS (  -- every prediction of the sample: its group and whether it has option scores
+    SELECT t.gid, {values["g_by"]}t.m0 IS NOT NULL AS has_probs FROM {table} t JOIN gkeys g USING (gid)
+),
+units AS (
+    SELECT t.gid, t.sid, t.run_id, t.ukey, {f"sc.{cov}" if cov else "NULL"} AS cov, pr.ss, pr.st,
+           NOT pr.has_target AS target_unscored, {words}
+    FROM {table} t
+    JOIN probs pr ON pr.run_id = t.run_id AND pr.item_id = t.ukey{cov_join}
+    WHERE t.m0 IS NOT NULL
+)"""
+
+
+def _query(
+    score: str,
+    by: Sequence[str],
+    params: dict,
+    con: duckdb.DuckDBPyConnection | None,
+    cov: str | None,
+    summary: str,
+    **summary_values: object,
+) -> str:
+    """The whole query of a conformal metric: units, their calibration mask, the split
+    (``conf_split.sql``) and the summary.
+
+    Where the mask comes from: with fixed base relations (see ``_option_mask_table``) the option
+    metrics read the connection's shared mask table, LAC and plain APS build their units on it,
+    randomised APS (scores from ``option_probs``) joins it to its own units; otherwise (views: the
+    relations may change between calls; sampling: its units are pools, built by the same query that
+    scores them) the mask is CTEs of the metric's own query."""
+    values = _common(by, params)
+    # validates the pool before its column is used
+    units = _units_sql(score, values, params, cov, _fixed(con))
+    words = "".join(f"mk.m{w}, " for w in range(_words(values["repeats"])))
+    joined = (
+        "SELECT u.*, {words}g.m AS m_top FROM units u JOIN {table} mk USING (gid, sid, run_id, ukey) "
+        "JOIN group_n g USING (gid)"
+    )
+    mask_ctes = ""
+    if not _fixed(con) or score == "sampling":
+        mask_ctes = _inline_mask(con, score, values, params)
+        units_m = "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)"
+    else:
+        assert con is not None
+        table = _option_mask_table(con, values, params)
+        if score == "aps" and params.get("aps_randomized"):
+            units_m = joined.format(words=words, table=table)
+        else:
+            units = _cached_option_units(table, score, values, params, cov)
+            units_m = "SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)"
+    split = _render("conf_split.sql", units_m_sql=units_m, **values, **_split_extra(score, values["repeats"]))
+    return f"WITH {units},\n{mask_ctes}{split},\n{_render(summary, **values, **summary_values)}"
+
+
 def conformal_sql(
     score: str, by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None
 ) -> str:
     """The rendered query of conformal_lac / conformal_aps / conformal_sampling (with ``con``: reading
-    the split hashes shared by the connection's conformal metrics where it may)."""
-    values = _common(by, params)
-    # validates the pool before its column is used
-    units = _units_sql(score, values, params, None, _fixed(con))
-    keys = _split_keys_source(con, values, _key_col(score, params))
+    the split hashes and the calibration mask shared by the connection's conformal metrics where it may)."""
     summary = "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
-    return (
-        "WITH "
-        + units
-        + ",\n"
-        + _render(
-            "conf_split.sql", split_keys_sql=keys, **values, **_split_extra(score, _int(params, "repeats", 1))
-        )
-        + ",\n"
-        + _render(summary, **values)
-    )
+    return _query(score, by, params, con, None, summary)
 
 
 def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None) -> str:
@@ -532,22 +748,7 @@ def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnect
     cov = _column(params["coverage_by"], "coverage_by")
     if cov in by:
         raise ValueError(f"coverage_by {cov!r} is already a grouping column")
-    values = _common(by, params)
-    units = _units_sql(str(score), values, params, cov, _fixed(con))
-    keys = _split_keys_source(con, values, _key_col(str(score), params))
-    return (
-        "WITH "
-        + units
-        + ",\n"
-        + _render(
-            "conf_split.sql",
-            split_keys_sql=keys,
-            **values,
-            **_split_extra(str(score), _int(params, "repeats", 1)),
-        )
-        + ",\n"
-        + _render("conf_coverage_by.sql", cov_name=cov, **values)
-    )
+    return _query(str(score), by, params, con, cov, "conf_coverage_by.sql", cov_name=cov)
 
 
 def _runner(score: str):
