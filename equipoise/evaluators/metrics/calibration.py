@@ -68,12 +68,12 @@ from equipoise.evaluators.metrics.registry import (
     temp_tables,
 )
 
-# confidence name -> expression over `scored sc` and its row of the per-sample fact `sample_probs sp`
-# (cal_samples.sql joins them 1:1 on the sample's key, so the chosen / target option's probability
-# is read, not searched for among the per-option rows of option_probs)
+# confidence name -> expression over a row `sc` of `scored_probs` (`scored` with the per-sample facts
+# of sample_probs as columns, sql/scored_probs.sql), so the chosen / target option's probability is
+# read, not searched for among the per-option rows of option_probs)
 CONFIDENCES: dict[str, str] = {
-    "chosen_prob": "sp.chosen_prob",
-    "target_prob": "sp.target_prob",
+    "chosen_prob": "sc.chosen_prob",
+    "target_prob": "sc.target_prob",
     "token_mean": "exp(sc.token_logprob_mean)",
 }
 SAMPLES: dict[str, str] = {"all": "true", "first": "sc.sample_index = 0"}
@@ -115,7 +115,7 @@ def samples_sql(params: dict | None = None) -> str:
 
 # the columns of cal_samples any calibration metric reads (besides the strata). Not the sample's key
 # (run_id, item_id, sample_index): brier_multiclass reads its per-sample facts (n_scored, brier_mc)
-# from cal_samples, which joined them already, so no metric joins on the key again, and the cache
+# from cal_samples, which has them as columns of scored_probs, so no metric joins on the key, and the cache
 # holds no per-row strings but the strata and cal_status
 _CACHED_COLUMNS = ("n_options", "n_scored", "brier_mc", "correct", "cal_status", "used", "confidence")
 
@@ -131,9 +131,10 @@ def prepare_samples(
 ) -> None:
     """Create the ``cal_samples`` view (the base views must exist: ``registry.prepare``).
 
-    Why a cache: ``cal_samples`` joins every prediction to its per-sample facts (a hash join of the
-    whole ``scored`` relation with ``sample_probs`` on a key of two strings), and eight metrics read
-    it; as a plain view each of them paid that join again, most of its time. When the base relations are
+    Why a cache: eight metrics read ``cal_samples``; as a plain view each of them paid its scan
+    of ``scored_probs`` again (without current facts that relation is a hash join of the whole
+    ``scored`` relation with ``sample_probs`` on a key of two strings; with them, a column of the
+    fact table ``facts_scored``, written once per store). When the base relations are
     fixed for the connection (``registry.prepare(con, materialize=True)``: a read-only pass over
     many metrics) the view's rows are computed once per (confidence, samples, by) into a narrow
     TEMP table, the strata of ``by`` (default: all) and the columns the metrics read, not the raw

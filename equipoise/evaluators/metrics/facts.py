@@ -6,7 +6,11 @@ computing the per-item uncertainty scores (``sql/unc_scores.sql``) that six metr
 are facts of the stored rows, not of a metric, so a writer computes them once, in one vectorized
 DuckDB pass, into ordinary tables of the store (:func:`refresh`):
 
-- ``facts_scored``            = the ``scored`` relation (one row per prediction sample);
+- ``facts_scored``            = the ``scored_probs`` relation (``sql/scored_probs.sql``: one row per
+  prediction sample, the ``scored`` relation plus the sample's chosen- and target-option probability,
+  scored-option count and multi-class Brier term from ``facts_sample_probs``, so that the
+  calibration metrics read them without a join on the sample's key; readers get ``scored`` as this
+  table without those columns);
 - ``facts_option_probs``      = the ``option_probs`` relation (one row per scored option);
 - ``facts_sample_probs``      = the ``sample_probs`` relation (``sql/sample_probs.sql``: per sample,
   chosen- and target-option probability, the multi-class Brier term and the conformal LAC / APS
@@ -62,7 +66,7 @@ FACT_TABLES: tuple[str, ...] = (
 )
 META_KEY = "facts_fingerprint"
 # bump when the meaning of a fact changes in a way the SQL text does not show
-FACTS_FORMAT = 1
+FACTS_FORMAT = 2  # 2: facts_scored holds the per-sample columns of scored_probs
 
 
 def _definitions() -> str:
@@ -71,7 +75,7 @@ def _definitions() -> str:
     from equipoise.evaluators.metrics.registry import SQL_DIR
 
     texts = [str(FACTS_FORMAT), uncertainty.CONFIDENCE_RE, uncertainty.HEDGE_RE]
-    files = ("base_views.sql", "sample_probs.sql", "unc_scores.sql")
+    files = ("base_views.sql", "sample_probs.sql", "scored_probs.sql", "unc_scores.sql")
     texts += [(SQL_DIR / f).read_text(encoding="utf-8") for f in files]
     texts.append(conformal.sampling_pools_sql())
     return "\x1e".join(texts)
@@ -201,7 +205,12 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
     rows are already deleted). The per-item uncertainty scores read the fact rows just written,
     not the joins again (less memory at 10M)."""
     from equipoise.evaluators.metrics.conformal import sampling_pools_sql
-    from equipoise.evaluators.metrics.registry import STRATA, sample_probs_sql
+    from equipoise.evaluators.metrics.registry import (
+        SCORED_PROBS_COLUMNS,
+        STRATA,
+        sample_probs_sql,
+        scored_probs_sql,
+    )
     from equipoise.evaluators.metrics.uncertainty import scores_sql
 
     where = "" if todo is None else f" WHERE {todo}"
@@ -214,21 +223,32 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
 
     _live_views(con, "_live")
     try:
-        fill("facts_scored", f"SELECT * FROM scored_live{where}")
         fill("facts_option_probs", f"SELECT * FROM option_probs_live{where}")
+        # per sample, from the option probabilities just written and the live `scored` (it reads
+        # three columns of it; facts_scored does not exist yet, as it holds these facts itself)
         con.execute(
-            f"""CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM main.facts_scored{where};
+            f"""CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM scored_live{where};
                CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs{where};"""
         )
-        # from the two fact tables just written (filtered to the runs being refreshed): per sample
         fill("facts_sample_probs", sample_probs_sql())
+        # facts_scored = scored_probs: `scored` plus the per-sample columns the calibration metrics
+        # read, joined here once per store instead of once per metrics pass (registry.prepare
+        # gives readers `scored` without them)
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW sample_probs AS SELECT * FROM main.facts_sample_probs{where}"
+        )
+        fill("facts_scored", scored_probs_sql())
+        con.execute(
+            f"""CREATE OR REPLACE TEMP VIEW scored AS
+                SELECT * EXCLUDE ({", ".join(SCORED_PROBS_COLUMNS)}) FROM main.facts_scored{where}"""
+        )
         for pool in POOLS:
             fill(f"facts_unc_scores_{pool}", scores_sql(list(STRATA), {"pool": pool}))
         # per run x item: the sample pools of conformal_sampling (pool 'item')
         fill("facts_sampling_pools", sampling_pools_sql())
     finally:
         con.execute(
-            """DROP VIEW IF EXISTS scored; DROP VIEW IF EXISTS option_probs;
+            """DROP VIEW IF EXISTS scored; DROP VIEW IF EXISTS option_probs; DROP VIEW IF EXISTS sample_probs;
                DROP VIEW IF EXISTS scored_live; DROP VIEW IF EXISTS option_probs_live;"""
         )
 

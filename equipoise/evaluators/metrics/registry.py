@@ -99,7 +99,8 @@ def uses_facts(con: duckdb.DuckDBPyConnection) -> bool:
 
 def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
     """Create the base relations ``scored``, ``option_probs`` and ``sample_probs`` (TEMP, so
-    read-only stores work).
+    read-only stores work), and the view ``scored_probs`` (``scored`` with per-sample columns of
+    ``sample_probs``, see ``scored_probs_sql``).
 
     By default they are views, recomputed by every metric query: always current, right for a
     connection that also writes. ``materialize=True`` computes them once into TEMP tables for the
@@ -111,9 +112,17 @@ def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
     if _materialized(con):
         return
     if materialize and facts.current(con) is not None:
-        # each base relation is stored as the fact table of its name (facts.FACT_TABLES)
+        # each base relation is stored as the fact table of its name (facts.FACT_TABLES);
+        # facts_scored also holds the per-sample columns of scored_probs, which `scored` leaves out
         views = "".join(
-            f"CREATE OR REPLACE TEMP VIEW {r} AS SELECT * FROM main.facts_{r};\n" for r in BASE_RELATIONS
+            f"CREATE OR REPLACE TEMP VIEW {r} AS SELECT * FROM main.facts_{r};\n"
+            for r in BASE_RELATIONS
+            if r != "scored"
+        )
+        views += (
+            f"CREATE OR REPLACE TEMP VIEW scored AS SELECT * EXCLUDE ({', '.join(SCORED_PROBS_COLUMNS)}) "
+            "FROM main.facts_scored;\n"
+            "CREATE OR REPLACE TEMP VIEW scored_probs AS SELECT * FROM main.facts_scored;\n"
         )
         con.execute(f"{views}CREATE TEMP TABLE {FACTS_MARK} (x INTEGER);")
         return
@@ -121,7 +130,20 @@ def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
     sql = sql.rstrip().rstrip(";") + ";\nCREATE OR REPLACE TEMP VIEW sample_probs AS\n" + sample_probs_sql()
     if materialize:
         sql = sql.replace("CREATE OR REPLACE TEMP VIEW", "CREATE OR REPLACE TEMP TABLE")
+    # a view in every case: a TEMP table of it would copy all of `scored` again for the few
+    # metrics that read it (the calibration ones, which cache their own narrow rows of it)
+    sql += ";\nCREATE OR REPLACE TEMP VIEW scored_probs AS\n" + scored_probs_sql()
     con.execute(sql)
+
+
+# the per-sample columns scored_probs adds to scored (sql/scored_probs.sql)
+SCORED_PROBS_COLUMNS = ("n_scored", "brier_mc", "chosen_prob", "target_prob")
+
+
+def scored_probs_sql() -> str:
+    """The ``scored_probs`` relation (``sql/scored_probs.sql``): ``scored`` with the per-sample
+    columns ``SCORED_PROBS_COLUMNS`` of ``sample_probs`` (a SELECT over those two relations)."""
+    return (SQL_DIR / "scored_probs.sql").read_text(encoding="utf-8")
 
 
 def sample_probs_sql() -> str:

@@ -3,8 +3,10 @@
 -- Templated by equipoise.evaluators.metrics.calibration (samples_sql): the expression of the
 -- confidence (chosen-option probability, target-option probability or exp(mean token
 -- log-probability)) and the filter of the samples kept (all, or sample 0). Every row carries the
--- per-sample facts of its option distribution (sample_probs: n_scored, brier_mc; NULL when no option
--- was scored), joined here once for every metric (brier_multiclass reads them).
+-- per-sample facts of its option distribution (scored_probs.sql: n_scored, brier_mc, chosen_prob,
+-- target_prob; NULL when no option was scored), read from `scored_probs`, which is `scored` with
+-- those columns (a column of the fact table facts_scored when the store's facts are current, so
+-- no join here; brier_multiclass reads n_scored and brier_mc).
 -- cal_status says what happens to a row, and nothing is dropped without being counted:
 --   'unparsed'      no parsed option (unparseable output, error, or a label that is not an option of
 --                   the item): there is no prediction whose confidence could be judged;
@@ -13,10 +15,8 @@
 --   'used'          counted by the metrics.
 CREATE OR REPLACE TEMP VIEW cal_samples AS
 WITH c AS (
-    SELECT sc.*, sp.n_scored, sp.brier_mc, CAST({conf_expr} AS DOUBLE) AS conf_raw
-    FROM scored sc
-    LEFT JOIN sample_probs sp ON sp.run_id = sc.run_id AND sp.item_id = sc.item_id
-                             AND sp.sample_index = sc.sample_index
+    SELECT sc.*, CAST({conf_expr} AS DOUBLE) AS conf_raw
+    FROM scored_probs sc
     WHERE {sample_filter}
 ),
 s AS (
