@@ -54,8 +54,10 @@ mask_strata AS (
                     GROUP BY gid, sid))
     )
 ),
-units_h AS (  -- the units with their hashes, uid and stratum
-    SELECT u.*, s.skey, s.lo, s.hi, k.* EXCLUDE (ukey, uk), k.uk * r.nr + r.rk AS uid
+-- the units with their hashes, uid and stratum; the strings run_id and ukey are dropped here unless
+-- the caller keeps them (the shared mask table is joined on them): every later step reads uid
+units_h AS (
+    SELECT {units_h_cols}, s.skey, s.lo, s.hi, k.* EXCLUDE (ukey, uk), k.uk * r.nr + r.rk AS uid
     FROM mask_units u
     JOIN split_keys k USING (ukey)
     JOIN run_ids r USING (run_id)
