@@ -467,6 +467,7 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_fac
         )
     return _render(
         "conf_option_units.sql",
+        sc0_materialized="NOT MATERIALIZED" if from_facts else "MATERIALIZED",
         cov_expr=cov_expr,
         unit_cols=", ".join(dict.fromkeys(keep)),
         id_ctes=_ids_sql("sc0", values),
