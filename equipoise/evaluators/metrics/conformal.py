@@ -498,13 +498,17 @@ def _words(repeats: int) -> int:
 
 def _mask_sql(repeats: int) -> dict[str, str]:
     """Template values of ``conf_mask.sql``, one expression per repeat r, side by side: the hash
-    columns h_r, the counts of keys below a stratum's hash window, the checked window (wlo_r, whi_r)
-    and need_r, the sorted window keys' need_r-th (the cutoff, split into ch_r and cu_r), and the mask
-    words of a unit (bit r: its key (h_r, uid) is at or below the cutoff (ch_r, cu_r))."""
+    columns h_r, the counts of keys below a stratum's guessed hash window [lo, hi) and its sorted keys
+    (wl_r, listed in the same scan), the checked window (wlo_r, whi_r), need_r and ok_r (the guess
+    held the cutoff), the cutoff (the need_r-th key of wl_r, or of the widened window's keys where the
+    guess missed; split into ch_r and cu_r), and the mask words of a unit (bit r: its key (h_r, uid)
+    is at or below the cutoff (ch_r, cu_r))."""
     rs = range(repeats)
+    key = "(h_{r}::UHUGEINT << 64) + uid::UHUGEINT"
+    guess = "h_{r} >= lo AND (hi IS NULL OR h_{r} < hi)"
     in_window = "h_{r} >= wlo_{r} AND (whi_{r} IS NULL OR h_{r} < whi_{r})"
     cut_agg = (
-        f"list_sort(list(CASE WHEN {in_window} THEN (h_{{r}}::UHUGEINT << 64) + uid::UHUGEINT END) "
+        f"list_sort(list(CASE WHEN {in_window} THEN {key} END) "
         f"FILTER (WHERE {in_window}))[any_value(need_{{r}})] AS hu_{{r}}"
     )
     words = []
@@ -521,13 +525,22 @@ def _mask_sql(repeats: int) -> dict[str, str]:
         "below": sep.join(
             f"count_if(h_{r} < lo) AS c_lo_{r}, count_if(hi IS NULL OR h_{r} < hi) AS c_hi_{r}" for r in rs
         ),
+        "window_lists": sep.join(
+            f"list_sort(list(CASE WHEN {guess} THEN {key} END) FILTER (WHERE {guess})) AS wl_{r}".format(r=r)
+            for r in rs
+        ),
         "window_cols": sep.join(
             f"CASE WHEN w.c_lo_{r} < st.n_cal THEN st.lo ELSE 0::UBIGINT END AS wlo_{r}, "
             f"CASE WHEN w.c_hi_{r} >= st.n_cal THEN st.hi END AS whi_{r}, "
-            f"(st.n_cal - CASE WHEN w.c_lo_{r} < st.n_cal THEN w.c_lo_{r} ELSE 0 END)::BIGINT AS need_{r}"
+            f"(st.n_cal - CASE WHEN w.c_lo_{r} < st.n_cal THEN w.c_lo_{r} ELSE 0 END)::BIGINT AS need_{r}, "
+            f"w.c_lo_{r} < st.n_cal AND w.c_hi_{r} >= st.n_cal AS ok_{r}"
             for r in rs
         ),
+        "all_ok": " AND ".join(f"ok_{r}" for r in rs),
         "cut_aggs": sep.join(cut_agg.format(r=r) for r in rs),
+        "cut_pick": sep.join(
+            f"CASE WHEN w.ok_{r} THEN d.wl_{r}[w.need_{r}] ELSE m.hu_{r} END AS hu_{r}" for r in rs
+        ),
         "cut_cols": sep.join(
             f"(hu_{r} >> 64)::UBIGINT AS ch_{r}, (hu_{r} & 18446744073709551615::UHUGEINT)::BIGINT AS cu_{r}"
             for r in rs
