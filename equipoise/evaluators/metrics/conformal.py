@@ -131,17 +131,34 @@ def _u128(value: int) -> str:
     return f"'{value}'::UHUGEINT"  # a string literal: bare literals this large are read as DOUBLE
 
 
+def _split_hashes_sql(repeats: int, source: str) -> str:
+    """The query ``source`` (with a UBIGINT column ``kb``, the base of a unit key) plus columns h_0 ..
+    h_{repeats-1}: h_r is output r + 1 of SplitMix64 seeded with kb, i.e. mix(kb + (r + 1) * gamma mod
+    2**64). Plain integer columns, one projection per step of the stream (each step's input computed
+    once, every repeat side by side), not lists transformed by lambdas: (r + 1) * gamma mod 2**64 is a
+    literal per column, so each step is one 128-bit product (or sum) masked to 64 bits."""
+    m = _u128(_M64)
+    rs = range(repeats)
+    cols = ", ".join(
+        f"((kb::UHUGEINT + {_u128((r + 1) * SPLITMIX_GAMMA & _M64)}) & {m})::UBIGINT AS z_{r}" for r in rs
+    )
+    query = f"SELECT *, {cols} FROM ({source})"
+    for shift, mul in zip((30, 27), SPLITMIX_MUL, strict=True):
+        mixed = ", ".join(
+            f"((xor(z_{r}, z_{r} >> {shift})::UHUGEINT * {_u128(mul)}) & {m})::UBIGINT AS z_{r}" for r in rs
+        )
+        query = f"SELECT * REPLACE ({mixed}) FROM ({query})"
+    zs = ", ".join(f"z_{r}" for r in rs)
+    hs = ", ".join(f"xor(z_{r}, z_{r} >> 31) AS h_{r}" for r in rs)
+    return f"SELECT * EXCLUDE ({zs}), {hs} FROM ({query})"
+
+
 def _split_hashes_expr(repeats: int) -> str:
     """SQL for the list of the split hashes of one unit key, repeats 0..repeats-1, given its base
-    ``kb`` (UBIGINT): element r is output r + 1 of SplitMix64 seeded with kb, i.e.
-    mix(kb + (r + 1) * gamma mod 2**64). One lambda per step, so each step's input is computed once."""
-    m = _u128(_M64)
-    step = "list_transform(range({n}), lambda r: ((kb::UHUGEINT + (r + 1)::UHUGEINT * {g}) & {m})::UBIGINT)"
-    expr = step.format(n=repeats, g=_u128(SPLITMIX_GAMMA), m=m)
-    for shift, mul in zip((30, 27), SPLITMIX_MUL, strict=True):
-        mixed = f"((xor(z, z >> {shift})::UHUGEINT * {_u128(mul)}) & {m})::UBIGINT"
-        expr = f"list_transform({expr}, lambda z: {mixed})"
-    return f"list_transform({expr}, lambda z: xor(z, z >> 31))"
+    ``kb`` (UBIGINT) in the enclosing query: the columns of ``_split_hashes_sql`` (what the split
+    computes) as one list, so a test can pin the stream the split uses."""
+    hs = ", ".join(f"h_{r}" for r in range(repeats))
+    return f"(SELECT [{hs}] FROM ({_split_hashes_sql(repeats, 'SELECT b AS kb FROM (SELECT kb AS b)')}))"
 
 
 COMMON_PARAMS: dict[str, object] = {
@@ -240,7 +257,6 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
         "repeats": _int(params, "repeats", 1),
         "seed": _int(params, "seed", 0),
         "sample_index": _int(params, "sample_index", 0),
-        "split_hashes": _split_hashes_expr(_int(params, "repeats", 1)),
         "win_sd": float(WINDOW_SD),
         "win_pad": float(WINDOW_PAD),
     }
@@ -451,6 +467,7 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_fac
         )
     return _render(
         "conf_option_units.sql",
+        sc0_materialized="NOT MATERIALIZED" if from_facts else "MATERIALIZED",
         cov_expr=cov_expr,
         unit_cols=", ".join(dict.fromkeys(keep)),
         id_ctes=_ids_sql("sc0", values),
@@ -481,13 +498,17 @@ def _words(repeats: int) -> int:
 
 def _mask_sql(repeats: int) -> dict[str, str]:
     """Template values of ``conf_mask.sql``, one expression per repeat r, side by side: the hash
-    columns h_r, the counts of keys below a stratum's hash window, the checked window (wlo_r, whi_r)
-    and need_r, the sorted window keys' need_r-th (the cutoff, split into ch_r and cu_r), and the mask
-    words of a unit (bit r: its key (h_r, uid) is at or below the cutoff (ch_r, cu_r))."""
+    columns h_r, the counts of keys below a stratum's guessed hash window [lo, hi) and its sorted keys
+    (wl_r, listed in the same scan), the checked window (wlo_r, whi_r), need_r and ok_r (the guess
+    held the cutoff), the cutoff (the need_r-th key of wl_r, or of the widened window's keys where the
+    guess missed; split into ch_r and cu_r), and the mask words of a unit (bit r: its key (h_r, uid)
+    is at or below the cutoff (ch_r, cu_r))."""
     rs = range(repeats)
+    key = "(h_{r}::UHUGEINT << 64) + uid::UHUGEINT"
+    guess = "h_{r} >= lo AND (hi IS NULL OR h_{r} < hi)"
     in_window = "h_{r} >= wlo_{r} AND (whi_{r} IS NULL OR h_{r} < whi_{r})"
     cut_agg = (
-        f"list_sort(list(CASE WHEN {in_window} THEN (h_{{r}}::UHUGEINT << 64) + uid::UHUGEINT END) "
+        f"list_sort(list(CASE WHEN {in_window} THEN {key} END) "
         f"FILTER (WHERE {in_window}))[any_value(need_{{r}})] AS hu_{{r}}"
     )
     words = []
@@ -504,13 +525,22 @@ def _mask_sql(repeats: int) -> dict[str, str]:
         "below": sep.join(
             f"count_if(h_{r} < lo) AS c_lo_{r}, count_if(hi IS NULL OR h_{r} < hi) AS c_hi_{r}" for r in rs
         ),
+        "window_lists": sep.join(
+            f"list_sort(list(CASE WHEN {guess} THEN {key} END) FILTER (WHERE {guess})) AS wl_{r}".format(r=r)
+            for r in rs
+        ),
         "window_cols": sep.join(
             f"CASE WHEN w.c_lo_{r} < st.n_cal THEN st.lo ELSE 0::UBIGINT END AS wlo_{r}, "
             f"CASE WHEN w.c_hi_{r} >= st.n_cal THEN st.hi END AS whi_{r}, "
-            f"(st.n_cal - CASE WHEN w.c_lo_{r} < st.n_cal THEN w.c_lo_{r} ELSE 0 END)::BIGINT AS need_{r}"
+            f"(st.n_cal - CASE WHEN w.c_lo_{r} < st.n_cal THEN w.c_lo_{r} ELSE 0 END)::BIGINT AS need_{r}, "
+            f"w.c_lo_{r} < st.n_cal AND w.c_hi_{r} >= st.n_cal AS ok_{r}"
             for r in rs
         ),
+        "all_ok": " AND ".join(f"ok_{r}" for r in rs),
         "cut_aggs": sep.join(cut_agg.format(r=r) for r in rs),
+        "cut_pick": sep.join(
+            f"CASE WHEN w.ok_{r} THEN d.wl_{r}[w.need_{r}] ELSE m.hu_{r} END AS hu_{r}" for r in rs
+        ),
         "cut_cols": sep.join(
             f"(hu_{r} >> 64)::UBIGINT AS ch_{r}, (hu_{r} & 18446744073709551615::UHUGEINT)::BIGINT AS cu_{r}"
             for r in rs
@@ -585,14 +615,12 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
 def _split_keys_sql(values: dict, keys: str) -> str:
     """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``), as
     columns h_0, h_1, ... (repeat r), and its rank ``uk`` in string order (the tie-break of the split
-    order, as an integer)."""
-    cols = ", ".join(f"hs[{r + 1}] AS h_{r}" for r in range(values["repeats"]))
-    return (
-        f"SELECT ukey, uk, {cols} FROM (SELECT ukey, {values['split_hashes']} AS hs, "
-        "row_number() OVER (ORDER BY ukey) AS uk FROM "
-        f"(SELECT ukey, ('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb "
-        f"FROM ({keys})))"
+    order, as an integer). md5 runs once per key; the hashes are integer columns (``_split_hashes_sql``)."""
+    based = (
+        f"SELECT ukey, row_number() OVER (ORDER BY ukey) AS uk, "
+        f"('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb FROM ({keys})"
     )
+    return f"SELECT * EXCLUDE (kb) FROM ({_split_hashes_sql(values['repeats'], based)})"
 
 
 def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_col: str) -> str:
@@ -619,15 +647,36 @@ def _key_col(score: str, params: dict) -> str:
     return "base_id" if score == "sampling" and params.get("pool", "item") == "base" else "item_id"
 
 
+# what the split (``conf_split.sql``) reads of a unit besides its mask: a metric's inline mask
+# carries these through, and no more (the pools' counts and target id, read by the summary from
+# ``units``, would only widen the materialized rows: at 10M predictions they spilled)
+_SPLIT_COLS = "gid, sid, run_id, ukey, cov, ss, st"
+_SAMPLING_SPLIT_COLS = _SPLIT_COLS + ", mv_correct, hit"
+
+
 def _inline_mask(
-    con: duckdb.DuckDBPyConnection | None, score: str, values: dict, params: dict, cols: str = "*"
+    con: duckdb.DuckDBPyConnection | None,
+    score: str,
+    values: dict,
+    params: dict,
+    cols: str | None = None,
+    keep_identity: bool = False,
 ) -> str:
     """The CTEs of ``conf_mask.sql`` computing the mask of the query's own ``units``, passing the
-    columns ``cols`` of each unit through to ``unit_mask``. A metric's own query carries all of them
-    (at 10M predictions that was faster than joining the mask back to the units on their four
-    identity columns); the shared mask table takes only the identity."""
+    columns ``cols`` of each unit through to ``unit_mask`` (default: what the split reads). A
+    metric's own query carries them (at 10M predictions that was faster than joining the mask back
+    to the units on their four identity columns), without run_id and ukey once the unit's integer
+    key is computed (``keep_identity``: the shared mask table, which is joined on them, keeps them)."""
+    if cols is None:
+        cols = _SAMPLING_SPLIT_COLS if score == "sampling" else _SPLIT_COLS
     keys = _split_keys_source(con, values, _key_col(score, params))
-    mask = _render("conf_mask.sql", split_keys_sql=keys, **values, **_mask_sql(values["repeats"]))
+    mask = _render(
+        "conf_mask.sql",
+        split_keys_sql=keys,
+        units_h_cols="u.*" if keep_identity else "u.* EXCLUDE (run_id, ukey)",
+        **values,
+        **_mask_sql(values["repeats"]),
+    )
     return f"mask_units AS (SELECT {cols} FROM units),\n{mask},\n"
 
 
@@ -643,7 +692,7 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dic
     the LAC units query, of which only the identity columns are read."""
     identity = _units_sql("lac", values, params, None, True)
     nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
-    mask = _inline_mask(con, "lac", values, params, "gid, sid, run_id, ukey")
+    mask = _inline_mask(con, "lac", values, params, "gid, sid, run_id, ukey", keep_identity=True)
     query = (
         f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
         f"UNION ALL SELECT gid, sid, run_id, ukey, {nulls} FROM base WHERE NOT has_probs"

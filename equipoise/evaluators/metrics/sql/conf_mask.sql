@@ -18,11 +18,11 @@
 -- as the two strings, compared as one integer). A stratum's calibration part is the set of units
 -- whose key (h, uid) is <= its n_cal-th smallest key, so only that cutoff key is needed: the hashes
 -- are uniform, so it lies in a narrow window of hash values around n_cal / N * 2**64; one scan of
--- the units counts, for every repeat, the keys below the window's ends (checked, and widened where
--- the guess missed: only that stratum and repeat then lists more keys), a second lists the keys
--- inside each repeat's window (a few % of the stratum) and takes the cutoff from their sort, and a
--- last one compares every unit's key with its stratum's cutoff of every repeat and packs the
--- answers into the words. Every per-repeat quantity is a column of its own (conformal.py writes one
+-- the units counts, for every repeat, the keys below the window's ends and lists the keys inside it
+-- (a few % of the stratum), whose sort gives the cutoff; the counts check the guess (where it
+-- missed, only that stratum lists the keys of a widened window in a second scan), and a last scan
+-- compares every unit's key with its stratum's cutoff of every repeat and packs the answers into
+-- the words. Every per-repeat quantity is a column of its own (conformal.py writes one
 -- expression per repeat), so no step makes units x repeats rows.
 split_keys AS (  -- the {repeats} split hashes of every distinct unit key (columns h_0, h_1, ...), its rank uk
     {split_keys_sql}
@@ -54,41 +54,51 @@ mask_strata AS (
                     GROUP BY gid, sid))
     )
 ),
-units_h AS (  -- the units with their hashes, uid and stratum
-    SELECT u.*, s.skey, s.lo, s.hi, k.* EXCLUDE (ukey, uk), k.uk * r.nr + r.rk AS uid
+-- the units with their hashes, uid and stratum; the strings run_id and ukey are dropped here unless
+-- the caller keeps them (the shared mask table is joined on them): every later step reads uid
+units_h AS (
+    SELECT {units_h_cols}, s.skey, s.lo, s.hi, k.* EXCLUDE (ukey, uk), k.uk * r.nr + r.rk AS uid
     FROM mask_units u
     JOIN split_keys k USING (ukey)
     JOIN run_ids r USING (run_id)
     JOIN mask_strata s USING (gid, sid)
 ),
--- per stratum and repeat: how many keys lie below lo and below hi (every repeat side by side, in one
--- scan of the units)
-window_counts AS (
-    SELECT skey, {below}
+-- per stratum and repeat, every repeat side by side in one scan of the units (no join: lo and hi
+-- are on every unit's row): how many keys lie below lo and below hi, and the keys inside the guessed
+-- window [lo, hi) (a few % of the stratum) as one UHUGEINT h * 2**64 + uid each (the same order as
+-- (h, uid)), sorted
+window_cut AS (
+    SELECT skey, {below},
+           {window_lists}
     FROM units_h
     GROUP BY skey
 ),
 -- the window of every repeat, checked: below lo there must be fewer than n_cal keys (else lo = 0),
 -- below hi at least n_cal (else no upper bound), so the cutoff always lies in the window, and it is
--- the need-th smallest key there (need = n_cal - the keys below lo). Strata with n_cal = 0 have no
--- cutoff (no calibration unit).
+-- the need-th smallest key there (need = n_cal - the keys below lo). ok_r: the guessed window held
+-- it (its sorted keys are then the window's). Strata with n_cal = 0 have no cutoff (no calibration
+-- unit).
 windows AS (
     SELECT st.skey, {window_cols}
     FROM mask_strata st
-    JOIN window_counts w USING (skey)
+    JOIN window_cut w USING (skey)
     WHERE st.n_cal > 0
 ),
--- the need-th smallest key (h, uid) in the window, as one UHUGEINT h * 2**64 + uid (same order): the
--- keys inside the window of each repeat (a few % of the stratum) are listed and sorted, every repeat
--- side by side in one scan; then split back into the cutoff's hash ch_r and uid cu_r
-cut AS (
+-- strata where the guess missed in some repeat: the keys of the widened windows, listed and sorted
+-- again from the units (rare: only speed depends on how often)
+cut_missed AS (
     SELECT skey, {cut_aggs}
     FROM units_h
-    JOIN windows USING (skey)
+    JOIN (SELECT * FROM windows WHERE NOT ({all_ok})) USING (skey)
     GROUP BY skey
 ),
+-- the need-th smallest key in the window, split back into the cutoff's hash ch_r and uid cu_r
 cut_cols AS (
-    SELECT skey, {cut_cols} FROM cut
+    SELECT skey, {cut_cols}
+    FROM (SELECT w.skey, {cut_pick}
+          FROM windows w
+          JOIN window_cut d USING (skey)
+          LEFT JOIN cut_missed m USING (skey))
 ),
 -- per unit: calibration in repeat r iff (h_r, uid) <= (ch_r, cu_r); a stratum without calibration
 -- units has no cutoff (NULL: every bit clear)

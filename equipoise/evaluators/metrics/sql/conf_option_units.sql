@@ -22,7 +22,9 @@ probs AS (
     {probs_sql}
 ),
 {n_options_cte}
-sc0 AS (
+-- {sc0_materialized}: with fixed base relations each consumer rescans `scored` for its own columns
+-- (cheap), instead of one materialized copy of the sample's rows; a view is computed once
+sc0 AS {sc0_materialized} (
     SELECT {unit_cols} FROM scored WHERE sample_index = {sample_index}
 ),
 {id_ctes}

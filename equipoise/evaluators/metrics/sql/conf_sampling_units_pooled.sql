@@ -5,18 +5,22 @@
 -- the same columns and values: a pool 'item' is one run x item, and its group, stratum and coverage
 -- columns are constant over its samples, so numbering the distinct values of the pools numbers the
 -- same values as numbering those of the samples.
-sc_all AS (
+-- NOT MATERIALIZED (sc_all, pools, units): each consumer rescans the fixed relation, reading only
+-- its own columns (the group numbering reads the grouping columns, the summary's counts no score
+-- list), instead of one materialized copy of every wide pool row per CTE (at 10M predictions those
+-- copies, score lists and id strings included, were what spilled)
+sc_all AS NOT MATERIALIZED (
     SELECT {unit_cols} FROM sampling_pools
 ),
 {id_ctes}
-pools AS (
+pools AS NOT MATERIALIZED (
     SELECT g.gid, s.sid, sc.run_id, sc.item_id AS ukey, {cov_expr} AS cov, sc.m, sc.m_option,
            sc.n_targets, sc.target_option_id, sc.hit, sc.mv_correct, sc.ss, sc.st
     FROM sc_all sc
     JOIN gkeys g ON {gid_on}
     JOIN skeys s ON {sid_on}
 ),
-units AS (
+units AS NOT MATERIALIZED (
     SELECT gid, sid, run_id, ukey, cov, m, m_option, hit, target_option_id, mv_correct, ss, st
     FROM pools
     WHERE n_targets = 1
