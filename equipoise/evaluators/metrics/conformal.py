@@ -680,6 +680,27 @@ def _inline_mask(
     return f"mask_units AS (SELECT {cols} FROM units),\n{mask},\n"
 
 
+def _mask_identity_sql(values: dict) -> str:
+    """CTEs ``base`` (every prediction of the sample: gid, sid, run_id, ukey = item_id, has_probs)
+    and ``units`` (those with option scores) of the shared mask table: the identity columns of the
+    LAC units (``conf_option_units.sql``), numbered the same way (``_ids_sql``). Whether a
+    prediction has option scores is read from ``scored_probs`` (``n_scored``: a column of the store's
+    ``facts_scored``, so no join of ``sample_probs`` on the two string keys (run_id, item_id) just to
+    learn which rows it has; without facts it is a view doing that same join)."""
+    keep = ", ".join(dict.fromkeys(["run_id", "item_id", *values["by_cols"], *values["strat_cols"]]))
+    return f"""sc0 AS NOT MATERIALIZED (  -- each consumer rescans the few columns it reads
+    SELECT {keep}, n_scored FROM scored_probs WHERE sample_index = {values["sample_index"]}
+),
+{_ids_sql("sc0", values)}
+base AS (
+    SELECT g.gid, s.sid, sc.run_id, sc.item_id AS ukey, sc.n_scored IS NOT NULL AS has_probs
+    FROM sc0 sc
+    JOIN gkeys g ON {_ids_on("g", values["by_cols"])}
+    JOIN skeys s ON {_ids_on("s", values["strat_cols"])}
+),
+units AS (SELECT gid, sid, run_id, ukey FROM base WHERE has_probs)"""
+
+
 def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
     """The TEMP table of the option units' calibration mask (computed here if missing): one row per
     prediction of the sample (gid, sid, run_id, ukey = item_id, mask words m0, ...; NULL words: the
@@ -688,9 +709,9 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dic
     The mask depends on the unit set (group, stratum, run_id and unit key of each unit), the seed,
     the repeats and cal_fraction, never on the score: LAC, APS (randomised or not) and coverage_by
     share one unit set. The table is named by a hash of its query, which holds every parameter it
-    depends on, so a connection computes it once per unit set and parameters; the identity query is
-    the LAC units query, of which only the identity columns are read."""
-    identity = _units_sql("lac", values, params, None, True)
+    depends on, so a connection computes it once per unit set and parameters; the identity query
+    (``_mask_identity_sql``) gives the identity columns of the LAC units."""
+    identity = _mask_identity_sql(values)
     nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
     mask = _inline_mask(con, "lac", values, params, "gid, sid, run_id, ukey", keep_identity=True)
     query = (

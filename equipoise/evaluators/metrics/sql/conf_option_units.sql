@@ -5,9 +5,10 @@
 --   units one row per scored item: gid, sid, run_id, ukey (= item_id), cov (coverage_by value), the
 --         scores ss of all its options (ALL of them, from `options`), the target's score st and
 --         whether the target was unscored.
--- With fixed base relations (a read-only pass) this query is the identity of the connection's
--- shared calibration mask table (its gid, sid, run_id, ukey), and LAC / plain APS then read their
--- units from that table joined to `sample_probs` (conformal.py, `_cached_option_units`) instead.
+-- With fixed base relations (a read-only pass) the connection's shared calibration mask table holds
+-- the same units' identity (gid, sid, run_id, ukey, numbered the same way: conformal.py,
+-- `_mask_identity_sql`), and LAC / plain APS then read their units from that table joined to
+-- `sample_probs` (conformal.py, `_cached_option_units`) instead.
 -- Per unit, not per option row: the scores are one list per run x item, every option's score a list
 -- operation on the item's probabilities sorted ascending (no window over option rows, no join of
 -- option rows to items). For LAC and APS the list ss and the target's score st are per-sample
