@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import sys
 import tempfile
@@ -37,32 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _hwm_mib() -> float:
-    """Peak RSS of this process so far (VmHWM where /proc exists, else ru_maxrss)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
-
-
-def _reset_hwm() -> bool:
-    """Reset the RSS high-water mark (Linux >= 4.0), so the next peak is the next step's own."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
+from procstats import cpu_s, peak_mib, reset_peak
 
 
 def main() -> int:
@@ -121,12 +95,12 @@ def main() -> int:
         pq.write_table(pyarrow.json.read_json(jsonl), src)
     write_s = time.perf_counter() - t0
     rows = 2 * n_items
-    setup_peak_mib = _hwm_mib()
-    reset = _reset_hwm()
-    c0, t0 = _cpu_s(), time.perf_counter()
+    setup_peak_mib = peak_mib()
+    reset = reset_peak()
+    c0, t0 = cpu_s(), time.perf_counter()
     res = import_predictions(con, src)
-    import_s, import_cpu = time.perf_counter() - t0, _cpu_s() - c0
-    import_peak_mib = _hwm_mib() if reset else max(setup_peak_mib, _hwm_mib())
+    import_s, import_cpu = time.perf_counter() - t0, cpu_s() - c0
+    import_peak_mib = peak_mib() if reset else max(setup_peak_mib, peak_mib())
     assert res.added == rows, res
     # raw store write, same rows, with and without the resume bookkeeping
     preds = con.sql("SELECT * FROM predictions").to_arrow_table()
@@ -147,12 +121,12 @@ def main() -> int:
     # the parse alone: what the importer's columnar path does before any store work
     from equipoise.evaluators.importer import _read_columns
 
-    c0, t0 = _cpu_s(), time.perf_counter()
+    c0, t0 = cpu_s(), time.perf_counter()
     parsed = _read_columns(src)
-    parse_s, parse_cpu = time.perf_counter() - t0, _cpu_s() - c0
+    parse_s, parse_cpu = time.perf_counter() - t0, cpu_s() - c0
     assert parsed is not None and parsed[0].num_rows == rows
     del parsed
-    peak_mib = max(setup_peak_mib, _hwm_mib())
+    run_peak_mib = max(setup_peak_mib, peak_mib())
     out = {
         "machine": {
             "platform": platform.platform(),
@@ -174,7 +148,7 @@ def main() -> int:
         "insert_plain_s": plain_s,
         "insert_plain_rows_per_s": rows / plain_s,
         "resume_noop_s": resume_s,
-        "peak_rss_mib": peak_mib,
+        "peak_rss_mib": run_peak_mib,
         "setup_peak_rss_mib": setup_peak_mib,
         "import_peak_rss_mib": import_peak_mib,
         "loadavg_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
@@ -188,7 +162,7 @@ def main() -> int:
     print(f"{'store insert, no key, plain INSERT':<44} {plain_s:>9.2f} {rows / plain_s:>12,.0f}")
     print(f"{'resume over fully present rows (no-op)':<44} {resume_s:>9.2f} {rows / resume_s:>12,.0f}")
     print(
-        f"bookkeeping cost: {keyed_s / plain_s:.2f}x plain insert; peak RSS {peak_mib:.0f} MiB "
+        f"bookkeeping cost: {keyed_s / plain_s:.2f}x plain insert; peak RSS {run_peak_mib:.0f} MiB "
         f"(import alone {import_peak_mib:.0f} MiB, building the store {setup_peak_mib:.0f} MiB); "
         f"{rows:,} rows, JSONL {out['jsonl_mb']:.0f} MB"
     )

@@ -51,7 +51,6 @@ import json
 import math
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
@@ -61,6 +60,8 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from procstats import cpu_s, peak_mib, proc_kib
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -253,32 +254,6 @@ def write_facts(path: Path, memory_limit: str | None = None) -> dict[str, float]
 # ---------------------------------------------------------------------------------------------
 # child processes (timed)
 # ---------------------------------------------------------------------------------------------
-def _proc_kib(field: str) -> int | None:
-    """A VmHWM / VmRSS figure of this process in KiB (Linux), else None."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _peak_mib() -> float:
-    hwm = _proc_kib("VmHWM")
-    if hwm is not None:
-        return hwm / 1024
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
-
-
-def _cpu_s() -> float:
-    """User + system CPU seconds of this process, all threads (less sensitive to other jobs than
-    wall time: DuckDB's worker threads wait, not work, while another process holds a core)."""
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 class _Results:
     """Per-step times and the high-water mark of RSS after each step (the peak includes writing each
     result file: both paths deliver every metric as a Parquet file, and that is part of the job)."""
@@ -290,10 +265,10 @@ class _Results:
 
     def step(self, name: str, seconds: float) -> None:
         self.times[name] = seconds
-        self.hwm[name] = _peak_mib()
+        self.hwm[name] = peak_mib()
 
     def save(self, extra: dict) -> None:
-        info = {"times": self.times, "errors": self.errors, "peak_rss_mib": _peak_mib(), **extra}
+        info = {"times": self.times, "errors": self.errors, "peak_rss_mib": peak_mib(), **extra}
         info["peak_rss_after_mib"] = self.hwm
         (self.outdir / "timings.json").write_text(json.dumps(info, indent=2))
 
@@ -322,9 +297,9 @@ def child_duckdb(store: Path, outdir: Path, memory_limit: str | None, only: str 
     import scipy.stats  # noqa: F401
     import sklearn.linear_model  # noqa: F401
 
-    base_mib = (_proc_kib("VmRSS") or 0) / 1024
+    base_mib = (proc_kib("VmRSS") or 0) / 1024
     res = _Results(outdir)
-    t_all, cpu0 = time.perf_counter(), _cpu_s()
+    t_all, cpu0 = time.perf_counter(), cpu_s()
     t0 = time.perf_counter()
     con = connect(store, read_only=True, memory_limit=memory_limit)
     threads, mem_limit = con.execute(
@@ -340,7 +315,7 @@ def child_duckdb(store: Path, outdir: Path, memory_limit: str | None, only: str 
             res.errors[name] = traceback.format_exc(limit=3)
         res.step(name, time.perf_counter() - t0)
     con.close()
-    total, cpu = time.perf_counter() - t_all, _cpu_s() - cpu0
+    total, cpu = time.perf_counter() - t_all, cpu_s() - cpu0
     res.save(
         {
             "total_s": total,
@@ -357,9 +332,9 @@ def child_reference(store: Path, outdir: Path, only: str | None = None) -> None:
     sys.path.insert(0, str(HERE))
     import metrics_reference as ref
 
-    base_mib = (_proc_kib("VmRSS") or 0) / 1024
+    base_mib = (proc_kib("VmRSS") or 0) / 1024
     res = _Results(outdir)
-    t_all, cpu0 = time.perf_counter(), _cpu_s()
+    t_all, cpu0 = time.perf_counter(), cpu_s()
     t0 = time.perf_counter()
     tables = ref.read_tables(store)
     res.step("(read tables)", time.perf_counter() - t0)
@@ -376,7 +351,7 @@ def child_reference(store: Path, outdir: Path, only: str | None = None) -> None:
         except Exception:  # reported, not fatal
             res.errors[name] = traceback.format_exc(limit=4)
         res.step(name, time.perf_counter() - t0)
-    total, cpu = time.perf_counter() - t_all, _cpu_s() - cpu0
+    total, cpu = time.perf_counter() - t_all, cpu_s() - cpu0
     res.save({"total_s": total, "cpu_s": cpu, "baseline_rss_mib": base_mib})
 
 

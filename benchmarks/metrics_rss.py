@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -27,18 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def _hwm_mib() -> float:
-    """This process's peak resident set (VmHWM) in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
-
-
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+from procstats import cpu_s, peak_mib
 
 
 def child(store: Path, name: str, settings: list[str], outdir: Path) -> dict[str, Any]:
@@ -50,7 +38,7 @@ def child(store: Path, name: str, settings: list[str], outdir: Path) -> dict[str
     import scipy.stats  # noqa: F401  (metrics_bench loads them before its clock too)
     import sklearn.linear_model  # noqa: F401
 
-    out: dict[str, Any] = {"metric": name, "imports_mib": _hwm_mib()}
+    out: dict[str, Any] = {"metric": name, "imports_mib": peak_mib()}
     con = connect(store, read_only=True)
     for s in settings:
         key, value = s.split("=", 1)
@@ -58,11 +46,11 @@ def child(store: Path, name: str, settings: list[str], outdir: Path) -> dict[str
             raise SystemExit(f"--setting: bad name {key!r}")
         con.execute(f"SET {key} = {sql_literal(value)}")
     prepare(con, materialize=True)
-    out["prepare_mib"] = _hwm_mib()
-    t0, c0 = time.perf_counter(), _cpu_s()
+    out["prepare_mib"] = peak_mib()
+    t0, c0 = time.perf_counter(), cpu_s()
     out["rows"] = write_result(con, name, outdir / f"{name}.parquet")
-    out["seconds"], out["cpu_s"] = time.perf_counter() - t0, _cpu_s() - c0
-    out["peak_mib"] = _hwm_mib()
+    out["seconds"], out["cpu_s"] = time.perf_counter() - t0, cpu_s() - c0
+    out["peak_mib"] = peak_mib()
     con.close()
     return out
 
