@@ -389,6 +389,46 @@ _NO_MULTI_ITEM_OPTIONS = """multi_item_options AS (
 ),"""
 
 
+# A pool's counts, majority vote and sampling scores, written once for the two queries that build
+# pools: the write-time fact of pools 'item' (``sql/sampling_pools.sql``) and the query grouping
+# the samples itself (``sql/conf_sampling_units.sql``: views, pool 'base'), so the two cannot drift
+# apart. The definitions are in conf_sampling_units.sql's header.
+# aggregates over a pool's samples
+_POOL_AGGREGATES = """count(*) AS m, count(parsed_option_id) AS m_option,
+           CASE WHEN min(target_option_id) IS NULL THEN 0
+                WHEN min(target_option_id) = max(target_option_id) THEN 1 ELSE 2 END AS n_targets,
+           min(target_option_id) AS target_option_id,
+           coalesce(bool_or(parsed_option_id = target_option_id), false) AS hit,
+           coalesce(list(parsed_option_id) FILTER (WHERE parsed_option_id IS NOT NULL), []) AS chosen"""
+# the pool rows of {pools} with the chosen option ids sorted (string order) and how many samples
+# chose each (opts, cs aligned), the majority vote (the first largest count: ties go to the smallest
+# option_id) and the target's count
+_POOL_VOTES = """SELECT *, opts[list_position(cs, list_max(cs))] AS mv_option_id,
+           len(list_filter(chosen, lambda x: x = target_option_id)) AS c_target
+    FROM (SELECT *, list_transform(opts, lambda d: len(list_filter(chosen, lambda x: x = d))) AS cs
+          FROM (SELECT *, list_sort(list_distinct(chosen)) AS opts FROM {pools}))"""
+# distinct option identities per item
+_ITEM_OPTIONS = """SELECT dataset_id, config, item_id, count(DISTINCT option_id) AS n_options
+    FROM options
+    GROUP BY dataset_id, config, item_id"""
+
+
+def _pool_outcome(pool: str, n_options: str) -> str:
+    """Select-list items of a voted pool row ``pool`` (``_POOL_VOTES``) with ``n_options`` option
+    identities: mv_correct (no vote counts as wrong), the scores ss of every option identity (the
+    chosen ones as (m - c) / m, one rounding, then 1.0 for each option no sample chose) and the
+    target's st; NULL scores when the item has no options."""
+    return (
+        f"coalesce({pool}.mv_option_id = {pool}.target_option_id, false) AS mv_correct,\n"
+        f"       CASE WHEN {n_options} IS NOT NULL THEN\n"
+        f"           list_concat(list_transform({pool}.cs, lambda c: ({pool}.m - c)::DOUBLE / {pool}.m),\n"
+        f"                       list_resize([]::DOUBLE[], {n_options} - len({pool}.cs), 1.0))\n"
+        "       END AS ss,\n"
+        f"       CASE WHEN {n_options} IS NOT NULL THEN ({pool}.m - {pool}.c_target)::DOUBLE / {pool}.m\n"
+        "       END AS st"
+    )
+
+
 # what a pool 'item' of sampling_pools (``sql/sampling_pools.sql``) holds besides its keys and strata
 _POOL_FACTS: tuple[str, ...] = (
     "m",
@@ -408,7 +448,14 @@ def sampling_pools_sql() -> str:
     a SELECT over ``scored`` and ``options``), with every column a conformal metric may group,
     stratify or report coverage by (``CONF_STRATA``): a write-time fact (``facts.py``)."""
     cols = dict.fromkeys(["dataset_id", *(c for c in CONF_STRATA if c != "run_id")])
-    return _render("sampling_pools.sql", strata=", ".join(f"sc.{c}" for c in cols))
+    return _render(
+        "sampling_pools.sql",
+        strata=", ".join(f"sc.{c}" for c in cols),
+        pool_aggregates=_POOL_AGGREGATES,
+        pool_votes=_POOL_VOTES.format(pools="pools"),
+        item_options=_ITEM_OPTIONS,
+        pool_outcome=_pool_outcome("v", "io.n_options"),
+    )
 
 
 def _pooled(score: str, params: dict) -> bool:
@@ -458,6 +505,10 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_fac
         return _render(
             "conf_sampling_units.sql",
             pool_col=_POOLS[str(pool)],
+            pool_aggregates=_POOL_AGGREGATES,
+            pool_votes=_POOL_VOTES.format(pools="pools WHERE n_targets = 1"),
+            item_options=_ITEM_OPTIONS,
+            pool_outcome=_pool_outcome("p", "p.n_options"),
             multi_item_options=_MULTI_ITEM_OPTIONS if pool == "base" else _NO_MULTI_ITEM_OPTIONS,
             cov_expr=cov_expr,
             unit_cols=cols,
