@@ -78,7 +78,7 @@ from equipoise.evaluators.metrics.registry import (
 
 DEFAULT_BY: tuple[str, ...] = ("model", "prompt_style")
 UNCERTAINTY: dict[str, tuple[str, str]] = {
-    "option_prob": ("1 - op.chosen_prob", "1 - p(chosen option) over the scored options"),
+    "option_prob": ("1 - s.chosen_prob", "1 - p(chosen option) over the scored options"),
     "token_mean": ("-s.token_logprob_mean", "-token_logprob_mean (average token NLL)"),
 }
 _VARIANT_RE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
@@ -157,10 +157,10 @@ def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str])
         con.execute(sql)
         return
     # Fixed base relations (a read-only pass over many metrics, see registry.prepare): the pairs
-    # (a join of the base and perturbed samples, each joined to its option probability) are the
-    # same for flip_analysis, mcnemar and paired_bootstrap_uncertainty, so they are computed once
-    # per pairing and grouping into TEMP tables and the views select from them. The key is the
-    # rendered SQL (it names the strata).
+    # (a join of the base and perturbed samples, each with its chosen option probability from
+    # scored_probs) are the same for flip_analysis, mcnemar and paired_bootstrap_uncertainty, so
+    # they are computed once per pairing and grouping into TEMP tables and the views select from
+    # them. The key is the rendered SQL (it names the strata).
     key = "_rob_" + hashlib.sha256(sql.encode()).hexdigest()[:16]
     pairs, unpaired = f"{key}_pairs", f"{key}_base_unpaired"
     if pairs not in temp_tables(con):

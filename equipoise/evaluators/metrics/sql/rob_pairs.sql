@@ -11,18 +11,16 @@
 -- pairs) and rob_base_unpaired (base samples with no perturbed partner: left out of the pairs, so
 -- the McNemar table reports how many there were instead of dropping them silently).
 CREATE OR REPLACE TEMP VIEW rob_samples AS
-WITH s AS (
+WITH s AS (  -- scored_probs: `scored` with the chosen option's probability, a per-sample fact
     SELECT sc.*, r.decoding_json
-    FROM scored sc
+    FROM scored_probs sc
     JOIN runs r USING (run_id)
     WHERE sc.sample_index = {sample_index}
       AND sc.variant IN ('{base_variant}', '{perturbed_variant}')
       AND NOT starts_with(sc.prompt_style, 'self_eval:')
 )
 SELECT s.*, {uncertainty_expr} AS uncertainty
-FROM s
-LEFT JOIN sample_probs op  -- the chosen option's probability is a per-sample fact (sample_probs.sql)
-       ON op.run_id = s.run_id AND op.item_id = s.item_id AND op.sample_index = s.sample_index;
+FROM s;
 
 CREATE OR REPLACE TEMP VIEW rob_pairs AS
 SELECT {base_strata}
