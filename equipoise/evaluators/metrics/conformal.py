@@ -573,19 +573,18 @@ def _mask_sql(repeats: int) -> dict[str, str]:
     sep = ",\n           "
     return {
         "hash_names": ", ".join(f"h_{r}" for r in rs),
-        "below": sep.join(
-            f"count_if(h_{r} < lo) AS c_lo_{r}, count_if(hi IS NULL OR h_{r} < hi) AS c_hi_{r}" for r in rs
-        ),
+        "below": sep.join(f"count_if(h_{r} < lo) AS c_lo_{r}" for r in rs),
         "window_lists": sep.join(
             f"list_sort(list(CASE WHEN {guess} THEN {key} END) FILTER (WHERE {guess})) AS wl_{r}".format(r=r)
             for r in rs
         ),
         "window_cols": sep.join(
             f"CASE WHEN w.c_lo_{r} < st.n_cal THEN st.lo ELSE 0::UBIGINT END AS wlo_{r}, "
-            f"CASE WHEN w.c_hi_{r} >= st.n_cal THEN st.hi END AS whi_{r}, "
+            f"CASE WHEN {c_hi} >= st.n_cal THEN st.hi END AS whi_{r}, "
             f"(st.n_cal - CASE WHEN w.c_lo_{r} < st.n_cal THEN w.c_lo_{r} ELSE 0 END)::BIGINT AS need_{r}, "
-            f"w.c_lo_{r} < st.n_cal AND w.c_hi_{r} >= st.n_cal AS ok_{r}"
+            f"w.c_lo_{r} < st.n_cal AND {c_hi} >= st.n_cal AS ok_{r}"
             for r in rs
+            for c_hi in [f"(w.c_lo_{r} + coalesce(len(w.wl_{r}), 0))"]
         ),
         "all_ok": " AND ".join(f"ok_{r}" for r in rs),
         "cut_aggs": sep.join(cut_agg.format(r=r) for r in rs),
