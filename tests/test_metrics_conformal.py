@@ -609,7 +609,7 @@ def test_cutoff_window_misses_fall_back_to_the_same_splits(
     smallest key lies: where it misses, the SQL widens it (lo = 0 or no upper bound). An empty window
     (lo = hi: the counts below both ends are equal, so one of the two checks fails in every stratum
     and repeat) and narrow ones take that path; the splits must still be the reference's. The same
-    knobs size the band floor of q_hat's sorted lists, whose misses (rebuilt from every unit) this also
+    knobs size the band floor of q_hat's heaps, whose misses (rebuilt from every unit) this also
     exercises."""
     default = _compute(big_store, "conformal_lac", repeats=7, seed=4)
     monkeypatch.setattr(conformal, "WINDOW_SD", sd)

@@ -641,15 +641,10 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
         }
     return {
         **extra,
-        "band_struct": "{"
-        + ", ".join(["'s': u.st", *(f"'m{w}': u.m{w}" for w in range(_words(repeats)))])
-        + "}",
-        "band_lists": ",\n           ".join(
-            f"list_transform(list_filter(bl, lambda x: (x.m{r // 64} & {_bit(r)}) <> 0), lambda x: x.s)"
-            f" AS tp_{r}"
-            for r in range(repeats)
+        "band_aggs": _per_repeat(
+            "count_if({cal}) AS nb_{r}, max(u.st, u.m_top) FILTER (WHERE {cal}) AS tp_{r}", repeats
         ),
-        "band_n": _listed("len(tp_{r})", repeats),
+        "band_n": _listed("nb_{r}", repeats),
         "band_top": _listed("tp_{r}", repeats),
         "null_aggs": _per_repeat("count_if({cal}) AS nn_{r}", repeats),
         "null_n": _listed("nn_{r}", repeats),

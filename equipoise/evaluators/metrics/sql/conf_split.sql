@@ -13,7 +13,7 @@
 -- (conformal.py writes one expression per repeat, e.g. count_if(<bit r clear> AND st <= q_r)), so one
 -- scan of the units gives the sums of every repeat side by side, and they are then turned into one
 -- row per repeat. The thresholds of a group's repeats are joined to its units as columns q_0 ...
--- (one row per group). q_hat is read from the sorted calibration scores above a band floor (below).
+-- (one row per group). q_hat keeps the bounded heap over the units above a band floor (below).
 strata AS (  -- n_cal per group x stratum: fixed, the same in every repeat
     SELECT gid, sid, count(*) AS n_stratum, (2 * {cal_num} * count(*) + {cal_den}) // (2 * {cal_den}) AS n_cal
     FROM units
@@ -38,14 +38,14 @@ thr AS (
     CROSS JOIN range({repeats}) r
 ),
 -- q_hat = the k-th smallest non-NULL calibration target score (NULL when k > their number n): the
--- (n - k + 1)-th largest, taken from the group's largest scores instead of sorting all n_cal of
--- them per repeat. Only units whose target score is >= the group's band floor b are looked at: b =
--- the T-th largest target score of the group, T = (m + WINDOW_SD sqrt(m) + WINDOW_PAD) * N / n_cal,
--- m = m_top = n_cal - k + 1, so that about m + a few sd of the units above b calibrate in each
--- repeat (NULL: no floor). Those band units are sorted once per group (cal_band), and each repeat
--- takes from that list the units whose mask bit is set. Checked: where some repeat has fewer than
--- n - k + 1 calibration scores >= b, q_hat might lie below b, and that group's lists are rebuilt
--- from all its units (cal_full: one bounded heap per repeat, max(x, m), side by side; rare).
+-- (n - k + 1)-th largest, taken from the top (n_cal - k + 1) scores kept by a bounded heap (max(x, m),
+-- m = m_top, the same for every row of a group) instead of sorting all n_cal of them. Only units
+-- whose target score is >= the group's band floor b enter the heaps: b = the T-th largest target
+-- score of the group, T = (m + WINDOW_SD sqrt(m) + WINDOW_PAD) * N / n_cal, so that about m + a
+-- few sd of the units above b calibrate in each repeat (NULL: no floor). Checked: where some
+-- repeat has fewer than n - k + 1 calibration scores >= b, q_hat might lie below b, and that
+-- group's heaps are rebuilt from all its units (cal_full). One heap per repeat, side by side, each
+-- fed the rows whose mask bit of that repeat is set.
 bands AS (
     SELECT u.gid,
            CASE WHEN any_value(g.n_cal) > 0 THEN
@@ -57,17 +57,13 @@ bands AS (
     JOIN group_n g USING (gid)
     GROUP BY u.gid
 ),
--- the calibration units with a target score >= b: how many, and their scores in descending order
--- (`top`). The band's scores are sorted once per group, with the mask words of each unit, and each
--- repeat's list is that sorted list filtered by the repeat's bit (no heap per repeat)
-cal_band AS (
+cal_band AS (  -- the calibration units with a target score >= b: how many, and the heap
     SELECT gid, unnest(range({repeats})) AS rep, unnest({band_n}) AS n_band, unnest({band_top}) AS top
-    FROM (SELECT gid, {band_lists}
-          FROM (SELECT u.gid, list({band_struct} ORDER BY u.st DESC) AS bl
-                FROM units_m u
-                JOIN bands bd USING (gid)
-                WHERE u.st IS NOT NULL AND (bd.b IS NULL OR u.st >= bd.b)
-                GROUP BY u.gid))
+    FROM (SELECT u.gid, {band_aggs}
+          FROM units_m u
+          JOIN bands bd USING (gid)
+          WHERE bd.b IS NULL OR u.st >= bd.b
+          GROUP BY u.gid)
 ),
 cal_null AS (  -- calibration units without a target score: n = n_cal - these
     SELECT gid, unnest(range({repeats})) AS rep, unnest({null_n}) AS n_null
