@@ -54,7 +54,10 @@ sum is then an aggregate of its own over the unit rows, all repeats side by side
 relations are fixed for the connection (a read-only pass, ``registry.prepare(materialize=True)``),
 LAC, APS and coverage_by share one unit set (sample ``sample_index`` of each run x item with option
 scores), so its mask is a TEMP table computed once per connection and parameters, and LAC / plain
-APS build their units on it; otherwise (views, and the sampling pools) each query computes it inline.
+APS build their units on it; otherwise (views, and the sampling pools) each query computes it inline,
+except that pools 'item' read that TEMP table when the pass already holds it and the pools are
+exactly its units (checked in the same query; see ``_query``), which in a store of scored MCQ runs
+they are.
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
