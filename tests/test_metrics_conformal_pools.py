@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from equipoise.evaluators.metrics import compute, conformal, facts
-from equipoise.evaluators.metrics.registry import prepare, uses_facts
+from equipoise.evaluators.metrics.registry import REGISTRY, prepare, uses_facts
 from equipoise.evaluators.store import connect
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 
@@ -218,3 +218,70 @@ def test_every_pool_stratum_is_a_run_or_item_column(store: Path) -> None:
     finally:
         con.close()
     assert n is not None and n[0] == n[1] > 0
+
+
+@pytest.fixture(scope="module")
+def clean_fact_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store whose pools are exactly the option units of sample 0 (every prediction scored, one
+    target per pool), with current facts."""
+    path = tmp_path_factory.mktemp("pools_clean") / "c.duckdb"
+    make_store(path, SyntheticSpec(n_items=60, models=("m1", "m2"), samples=3, seed=2))
+    con = connect(path)
+    assert facts.refresh(con)
+    con.close()
+    return path
+
+
+_SHARED_CASES = (
+    ("conformal_sampling", ["model", "config"], {"repeats": 7, "seed": 4}),
+    ("conformal_sampling", ["model"], {"repeats": 70, "stratify": ("difficulty", "has_gold")}),
+    ("conformal_coverage_by", ["model", "config"], {"repeats": 6, "score": "sampling", "seed": 3}),
+)
+
+
+def _shared_mask_runs(path: Path) -> list[tuple[bool, pd.DataFrame, pd.DataFrame]]:
+    """Per case: whether the pools' query reading the option units' mask table found them equal to
+    its units (``_MASK_OK``), the metric on a connection holding that table (computed by
+    conformal_lac with the same parameters first), and on a fresh connection (inline mask)."""
+    out = []
+    for name, by, params in _SHARED_CASES:
+        con = duckdb.connect(str(path), read_only=True)
+        fresh = duckdb.connect(str(path), read_only=True)
+        try:
+            prepare(con, materialize=True)
+            lac = {k: v for k, v in params.items() if k != "score"}
+            compute(con, "conformal_lac", by, lac)
+            full = {**REGISTRY[name].params, **params}
+            if name == "conformal_sampling":
+                cov, summary, extra = None, "conf_sampling_summary.sql", {}
+            else:
+                cov = conformal._coverage_by_args(by, full)[1]
+                summary, extra = "conf_coverage_by.sql", {"cov_name": cov}
+            conformal._prepare_pools(con, "sampling", full)
+            sql = conformal._query("sampling", by, full, con, cov, summary, True, **extra)
+            checked = con.execute(sql).df()
+            assert conformal._MASK_OK in checked.columns  # the shared path was taken
+            ok = bool(checked[conformal._MASK_OK].all())
+            prepare(fresh, materialize=True)
+            out.append((ok, compute(con, name, by, params), compute(fresh, name, by, params)))
+        finally:
+            con.close()
+            fresh.close()
+    return out
+
+
+def test_pools_equal_to_the_option_units_read_the_shared_mask(clean_fact_store: Path) -> None:
+    """Where the pools are the option units, conformal_sampling / coverage_by read the mask table
+    that conformal_lac computed (the check holds) and give exactly the inline mask's numbers."""
+    for ok, shared, inline in _shared_mask_runs(clean_fact_store):
+        assert ok
+        assert conformal._MASK_OK not in shared.columns and len(shared) > 0
+        pd.testing.assert_frame_equal(shared, inline, check_exact=True)
+
+
+def test_pools_unlike_the_option_units_fall_back_to_their_own_mask(fact_store: Path) -> None:
+    """Where they differ (pools without sample 0, a self-evaluation run with no pool), the check
+    fails and the metric is the inline mask's, exactly."""
+    for ok, shared, inline in _shared_mask_runs(fact_store):
+        assert not ok
+        pd.testing.assert_frame_equal(shared, inline, check_exact=True)

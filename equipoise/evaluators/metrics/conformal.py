@@ -54,7 +54,10 @@ sum is then an aggregate of its own over the unit rows, all repeats side by side
 relations are fixed for the connection (a read-only pass, ``registry.prepare(materialize=True)``),
 LAC, APS and coverage_by share one unit set (sample ``sample_index`` of each run x item with option
 scores), so its mask is a TEMP table computed once per connection and parameters, and LAC / plain
-APS build their units on it; otherwise (views, and the sampling pools) each query computes it inline.
+APS build their units on it; otherwise (views, and the sampling pools) each query computes it inline,
+except that pools 'item' read that TEMP table when the pass already holds it and the pools are
+exactly its units (checked in the same query; see ``_query``), which in a store of scored MCQ runs
+they are.
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -573,19 +576,18 @@ def _mask_sql(repeats: int) -> dict[str, str]:
     sep = ",\n           "
     return {
         "hash_names": ", ".join(f"h_{r}" for r in rs),
-        "below": sep.join(
-            f"count_if(h_{r} < lo) AS c_lo_{r}, count_if(hi IS NULL OR h_{r} < hi) AS c_hi_{r}" for r in rs
-        ),
+        "below": sep.join(f"count_if(h_{r} < lo) AS c_lo_{r}" for r in rs),
         "window_lists": sep.join(
             f"list_sort(list(CASE WHEN {guess} THEN {key} END) FILTER (WHERE {guess})) AS wl_{r}".format(r=r)
             for r in rs
         ),
         "window_cols": sep.join(
             f"CASE WHEN w.c_lo_{r} < st.n_cal THEN st.lo ELSE 0::UBIGINT END AS wlo_{r}, "
-            f"CASE WHEN w.c_hi_{r} >= st.n_cal THEN st.hi END AS whi_{r}, "
+            f"CASE WHEN {c_hi} >= st.n_cal THEN st.hi END AS whi_{r}, "
             f"(st.n_cal - CASE WHEN w.c_lo_{r} < st.n_cal THEN w.c_lo_{r} ELSE 0 END)::BIGINT AS need_{r}, "
-            f"w.c_lo_{r} < st.n_cal AND w.c_hi_{r} >= st.n_cal AS ok_{r}"
+            f"w.c_lo_{r} < st.n_cal AND {c_hi} >= st.n_cal AS ok_{r}"
             for r in rs
+            for c_hi in [f"(w.c_lo_{r} + coalesce(len(w.wl_{r}), 0))"]
         ),
         "all_ok": " AND ".join(f"ok_{r}" for r in rs),
         "cut_aggs": sep.join(cut_agg.format(r=r) for r in rs),
@@ -762,17 +764,38 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dic
     share one unit set. The table is named by a hash of its query, which holds every parameter it
     depends on, so a connection computes it once per unit set and parameters; the identity query
     (``_mask_identity_sql``) gives the identity columns of the LAC units."""
-    identity = _mask_identity_sql(values)
-    nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
-    mask = _inline_mask(con, "lac", values, params, "gid, sid, run_id, ukey", keep_identity=True)
-    query = (
-        f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
-        f"UNION ALL SELECT gid, sid, run_id, ukey, {nulls} FROM base WHERE NOT has_probs"
-    )
-    table = "_conf_mask_" + hashlib.sha256(query.encode()).hexdigest()[:16]
+    query = _option_mask_query(con, values, params)
+    table = _mask_table_name(query)
     if table not in temp_tables(con):
         con.execute(f"CREATE TEMP TABLE {table} AS {query}")
     return table
+
+
+def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
+    """The query of the option units' mask table (``_option_mask_table``); it reads the shared split
+    keys of item_id (``_split_keys_source``: computed there if this connection lacks them)."""
+    identity = _mask_identity_sql(values)
+    nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
+    mask = _inline_mask(con, "lac", values, params, "gid, sid, run_id, ukey", keep_identity=True)
+    return (
+        f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
+        f"UNION ALL SELECT gid, sid, run_id, ukey, {nulls} FROM base WHERE NOT has_probs"
+    )
+
+
+def _mask_table_name(query: str) -> str:
+    return "_conf_mask_" + hashlib.sha256(query.encode()).hexdigest()[:16]
+
+
+def _existing_option_mask(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str | None:
+    """The option units' mask table for these parameters if this connection has already computed it
+    (a pass that ran LAC, APS or coverage_by), else None: nothing is computed here (the split keys
+    are looked for first, so that rendering the mask's query cannot create them)."""
+    temps = temp_tables(con)
+    if f"_conf_split_keys_item_id_{values['seed']}_{values['repeats']}" not in temps:
+        return None
+    table = _mask_table_name(_option_mask_query(con, values, params))
+    return table if table in temps else None
 
 
 def _cached_option_units(table: str, score: str, values: dict, params: dict, cov: str | None) -> str:
@@ -812,6 +835,11 @@ units AS (
 )"""
 
 
+# the extra result column of a sampling query that reads the option units' mask table: whether its
+# units were exactly the mask table's units (else its numbers are discarded, see ``_run_query``)
+_MASK_OK = "_conf_shared_mask_ok"
+
+
 def _query(
     score: str,
     by: Sequence[str],
@@ -819,6 +847,7 @@ def _query(
     con: duckdb.DuckDBPyConnection | None,
     cov: str | None,
     summary: str,
+    share_mask: bool = False,
     **summary_values: object,
 ) -> str:
     """The whole query of a conformal metric: units, their calibration mask, the split
@@ -828,7 +857,17 @@ def _query(
     metrics read the connection's shared mask table, LAC and plain APS build their units on it,
     randomised APS (scores from ``option_probs``) joins it to its own units; otherwise (views: the
     relations may change between calls; sampling: its units are pools, built by the same query that
-    scores them) the mask is CTEs of the metric's own query."""
+    scores them) the mask is CTEs of the metric's own query.
+
+    ``share_mask`` (sampling with pool 'item' on fixed base relations): when the connection already
+    holds the option units' mask table for the same parameters, the pools read their mask words
+    from it instead of computing the mask: the mask depends only on the unit set (group, stratum,
+    run_id and item_id of each unit), so where the pools are exactly the option units (every
+    prediction of the sample has option scores and every pool one target, as in a store of scored
+    MCQ runs) it is the same mask. Whether they are is checked in the same query: every pool joins a
+    mask unit with equal (gid, sid, run_id, item_id), both sides being unique on (run_id, item_id),
+    and the two counts are equal; the result then has the column ``_MASK_OK`` (see ``_run_query``,
+    which computes the inline mask instead where it is false)."""
     values = _common(by, params)
     # validates the pool before its column is used
     units = _units_sql(score, values, params, cov, _fixed(con))
@@ -837,8 +876,19 @@ def _query(
         "SELECT u.*, {words}g.m AS m_top FROM units u JOIN {table} mk USING (gid, sid, run_id, ukey) "
         "JOIN group_n g USING (gid)"
     )
-    mask_ctes = ""
-    if not _fixed(con) or score == "sampling":
+    mask_ctes, check, shared = "", "", None
+    if share_mask and _fixed(con) and _pooled(score, params):
+        assert con is not None
+        shared = _existing_option_mask(con, values, params)
+    if shared is not None:
+        mask_units = f"(SELECT * FROM {shared} WHERE m0 IS NOT NULL)"
+        units_m = joined.format(words=words, table=mask_units)
+        check = (
+            "mask_check AS (  -- the pools are exactly the units of the shared mask table\n"
+            "    SELECT (SELECT count(*) FROM units) = (SELECT count(*) FROM units_m)\n"
+            f"       AND (SELECT count(*) FROM units) = (SELECT count(*) FROM {mask_units}) AS ok\n),\n"
+        )
+    elif not _fixed(con) or score == "sampling":
         mask_ctes = _inline_mask(con, score, values, params)
         units_m = "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)"
     else:
@@ -850,7 +900,35 @@ def _query(
             units = _cached_option_units(table, score, values, params, cov)
             units_m = "SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)"
     split = _render("conf_split.sql", units_m_sql=units_m, **values, **_split_extra(score, values["repeats"]))
-    return f"WITH {units},\n{mask_ctes}{split},\n{_render(summary, **values, **summary_values)}"
+    check_col = ""
+    if shared is not None:
+        ok = "(SELECT ok FROM mask_check)"
+        # the coverage_by summary's SELECT is a GROUP BY
+        check_col = f", {f'any_value({ok})' if summary == 'conf_coverage_by.sql' else ok} AS {_MASK_OK}"
+    rendered = _render(summary, mask_check_col=check_col, **values, **summary_values)
+    return f"WITH {units},\n{mask_ctes}{split},\n{check}{rendered}"
+
+
+def _run_query(
+    con: duckdb.DuckDBPyConnection,
+    score: str,
+    by: Sequence[str],
+    params: dict,
+    cov: str | None,
+    summary: str,
+    **summary_values: object,
+) -> pd.DataFrame:
+    """Run a metric's query, reading the connection's shared option mask where it may
+    (``_query``'s ``share_mask``); if the check column says the pools were not the mask's units
+    (or there is no row to say it), the result is discarded and the query with the metric's own
+    inline mask gives it."""
+    df = con.execute(_query(score, by, params, con, cov, summary, True, **summary_values)).df()
+    if _MASK_OK not in df.columns:
+        return df
+    ok = len(df) > 0 and bool(df[_MASK_OK].all())
+    if ok:
+        return df.drop(columns=[_MASK_OK])
+    return con.execute(_query(score, by, params, con, cov, summary, **summary_values)).df()
 
 
 def conformal_sql(
@@ -862,29 +940,37 @@ def conformal_sql(
     return _query(score, by, params, con, None, summary)
 
 
-def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None) -> str:
+def _coverage_by_args(by: Sequence[str], params: dict) -> tuple[str, str]:
+    """conformal_coverage_by's score and reported column, validated."""
     score = params["score"]
     if score not in SCORES:
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     cov = _column(params["coverage_by"], "coverage_by")
     if cov in by:
         raise ValueError(f"coverage_by {cov!r} is already a grouping column")
-    return _query(str(score), by, params, con, cov, "conf_coverage_by.sql", cov_name=cov)
+    return str(score), cov
+
+
+def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None) -> str:
+    score, cov = _coverage_by_args(by, params)
+    return _query(score, by, params, con, cov, "conf_coverage_by.sql", cov_name=cov)
 
 
 def _runner(score: str):
     def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
         prepare(con)
         _prepare_pools(con, score, params)
-        return con.execute(conformal_sql(score, by, params, con)).df()
+        summary = "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
+        return _run_query(con, score, by, params, None, summary)
 
     return run
 
 
 def _coverage_by(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     prepare(con)
-    _prepare_pools(con, str(params["score"]), params)
-    return con.execute(coverage_by_sql(by, params, con)).df()
+    score, cov = _coverage_by_args(by, params)
+    _prepare_pools(con, score, params)
+    return _run_query(con, score, by, params, cov, "conf_coverage_by.sql", cov_name=cov)
 
 
 register(

@@ -8,7 +8,7 @@ groups AS (
 SELECT {g_by} ts.cov AS {cov_name},
        sum(ts.n) / {repeats} AS n_test_mean, count_if(ts.n > 0)::BIGINT AS repeats_with_test,
        sum(ts.cv)::DOUBLE / sum(ts.n) AS coverage, sum(ts.sz)::DOUBLE / sum(ts.n) AS set_size_mean,
-       sum(ts.em)::DOUBLE / sum(ts.n) AS empty_rate
+       sum(ts.em)::DOUBLE / sum(ts.n) AS empty_rate{mask_check_col}
 FROM test_rep ts
 JOIN groups g USING (gid)
 GROUP BY {g_gid_by}, ts.cov

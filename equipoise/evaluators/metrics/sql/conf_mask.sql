@@ -34,10 +34,12 @@ run_ids AS (  -- rk: the rank of run_id (0-based), nr: the number of runs
 -- skey: one small integer per group x stratum; [lo, hi): a window of hash values expected to hold
 -- the stratum's cutoff (the hashes are uniform on [0, 2**64): about n_cal of the N units lie below
 -- n_cal / N * 2**64, give or take a binomial sd; the window is WINDOW_SD sd and WINDOW_PAD units
--- wide on each side, see conformal.py; hi NULL: no upper bound). Only a guess: `windows` checks it
--- against the real counts.
+-- wide on each side, see conformal.py; hi NULL: no upper bound; lo <= hi, so the keys below hi are
+-- those below lo plus those in the window, which is how `window_cut` counts them). Only a guess:
+-- `windows` checks it against the real counts.
 mask_strata AS (
-    SELECT *,
+    SELECT * REPLACE (CASE WHEN hi IS NOT NULL THEN greatest(hi, lo) END AS hi)
+    FROM (SELECT *,
            CASE WHEN lo_c <= 0 THEN 0::UBIGINT
                 ELSE least(lo_c / n_stratum * 18446744073709551616.0, 18446744073709549568.0)::UBIGINT
            END AS lo,
@@ -52,7 +54,7 @@ mask_strata AS (
                            (2 * {cal_num} * count(*) + {cal_den}) // (2 * {cal_den}) AS n_cal
                     FROM mask_units
                     GROUP BY gid, sid))
-    )
+    ))
 ),
 -- the units with their hashes, uid and stratum; the strings run_id and ukey are dropped here unless
 -- the caller keeps them (the shared mask table is joined on them): every later step reads uid
@@ -64,9 +66,9 @@ units_h AS (
     JOIN mask_strata s USING (gid, sid)
 ),
 -- per stratum and repeat, every repeat side by side in one scan of the units (no join: lo and hi
--- are on every unit's row): how many keys lie below lo and below hi, and the keys inside the guessed
--- window [lo, hi) (a few % of the stratum) as one UHUGEINT h * 2**64 + uid each (the same order as
--- (h, uid)), sorted
+-- are on every unit's row): how many keys lie below lo, and the keys inside the guessed window
+-- [lo, hi) (a few % of the stratum) as one UHUGEINT h * 2**64 + uid each (the same order as
+-- (h, uid)), sorted; the keys below hi are the two counts together (lo <= hi)
 window_cut AS (
     SELECT skey, {below},
            {window_lists}

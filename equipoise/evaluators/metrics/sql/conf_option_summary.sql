@@ -14,7 +14,7 @@ SELECT {g_by} g.n_items::BIGINT AS n_items, (g.n_items - g.n_unscored)::BIGINT A
        coalesce(ts.n_cal, 0)::BIGINT AS n_cal, coalesce(rs.n_test, 0)::BIGINT AS n_test,
        {repeats} AS repeats, {alpha} AS alpha, ts.k_order, coalesce(ts.n_full_repeats, 0)::BIGINT AS n_full_repeats,
        ts.q_hat_mean, ts.q_hat_sd, rs.set_size_mean, rs.set_size_sd, rs.coverage_mean, rs.coverage_sd,
-       rs.empty_rate
+       rs.empty_rate{mask_check_col}
 FROM groups g
 LEFT JOIN thr_stats ts USING (gid)
 LEFT JOIN rep_stats rs USING (gid)

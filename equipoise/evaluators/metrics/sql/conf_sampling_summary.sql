@@ -23,7 +23,7 @@ SELECT {g_by} g.n_pools::BIGINT AS n_pools, g.n_target_mismatch::BIGINT AS n_tar
        coalesce(ts.n_cal, 0)::BIGINT AS n_cal, coalesce(rs.n_test, 0)::BIGINT AS n_test,
        {repeats} AS repeats, {alpha} AS alpha, ts.k_order, coalesce(ts.n_full_repeats, 0)::BIGINT AS n_full_repeats,
        ts.q_hat_mean, ts.q_hat_sd, rs.set_size_mean, rs.set_size_sd, rs.coverage_mean, rs.coverage_sd,
-       rs.empty_rate, a.mv_accuracy, a.hit_rate, rs.mv_accuracy_test, rs.hit_rate_test
+       rs.empty_rate, a.mv_accuracy, a.hit_rate, rs.mv_accuracy_test, rs.hit_rate_test{mask_check_col}
 FROM groups g
 LEFT JOIN all_stats a USING (gid)
 LEFT JOIN thr_stats ts USING (gid)
