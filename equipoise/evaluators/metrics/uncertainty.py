@@ -369,6 +369,7 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
         bounds=f"SELECT * FROM {cached}"
         if cached
         else f"SELECT {_by(by)} {frag['bound_aggregates']} FROM wide GROUP BY ALL",
+        wide_mode="NOT MATERIALIZED" if cached else "MATERIALIZED",
         wide_strata=_strata(by, "wide."),
         normalized_columns=normalized,
         bounds_join=bounds_join,
