@@ -199,16 +199,22 @@ def split_fraction_sql(key: str) -> str:
     return f"('0x' || substr(md5({key}), 1, 8))::UBIGINT / 4294967296.0"
 
 
-# the columns facts_unc_scores_<pool> holds besides unc_scores' own: split_fraction_sql of each key
+def _split_bits_sql(key: str) -> str:
+    """The first 32 bits of md5(key) as a UINTEGER: what the fact stores (4 bytes a row, not the
+    fraction's 8); divided by 4294967296.0 it is exactly split_fraction_sql(key)."""
+    return f"('0x' || substr(md5({key}), 1, 8))::UBIGINT::UINTEGER"
+
+
+# the columns facts_unc_scores_<pool> holds besides unc_scores' own: _split_bits_sql of each key
 SPLIT_FACT_COLUMNS: dict[str, str] = {k: f"_split_{k}" for k in _SPLIT_KEYS}
 
 
 def fact_scores_sql(pool: str) -> str:
     """The query of the write-time fact ``facts_unc_scores_<pool>``: unc_scores with every stratum
-    plus, per split key, the item's md5 split fraction (``SPLIT_FACT_COLUMNS``). The md5 of every
-    item's key was about a tenth of unc_normalized's, unc_normalization_bounds' and unc_combiners'
-    CPU each; it is a fact of the item's key, so the writer hashes it once."""
-    splits = ", ".join(f"{split_fraction_sql(k)} AS {c}" for k, c in SPLIT_FACT_COLUMNS.items())
+    plus, per split key, the bits of the item's md5 split fraction (``SPLIT_FACT_COLUMNS``). The
+    md5 of every item's key was about a tenth of unc_normalized's, unc_normalization_bounds' and
+    unc_combiners' CPU each; it is a fact of the item's key, so the writer hashes it once."""
+    splits = ", ".join(f"{_split_bits_sql(k)} AS {c}" for k, c in SPLIT_FACT_COLUMNS.items())
     return f"SELECT *, {splits} FROM (\n{scores_sql(list(STRATA), {'pool': pool})})"
 
 
@@ -254,7 +260,7 @@ def _scores_source(
     extra = set(SPLIT_FACT_COLUMNS.values())
     fixed = [c for c in cols[len([b for b in all_by if b != "run_id"]) :] if c not in extra]
     if split_key is not None and SPLIT_FACT_COLUMNS[split_key] in cols:
-        split = f", {SPLIT_FACT_COLUMNS[split_key]} AS _split"
+        split = f", {SPLIT_FACT_COLUMNS[split_key]} / 4294967296.0 AS _split"
     order = " " + _order_by_key(by) if ordered else ""
     return f"SELECT {_strata(by)}{', '.join(fixed)}{split} FROM {table}{order}"
 
