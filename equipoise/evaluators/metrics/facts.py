@@ -17,7 +17,7 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
   score of every option and of the target, so that the calibration and conformal metrics join one
   row per sample instead of searching or aggregating ``option_probs``);
 - ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool, and
-  each item's md5 split fractions (``uncertainty.fact_scores_sql``);
+  each item's md5 split bits and rank in its run (``uncertainty.fact_scores_sql``);
 - ``facts_sampling_pools``    = per run x item, the pool of its samples that conformal_sampling
   scores with pool 'item' (``sql/sampling_pools.sql``: sample counts, target, hit, majority vote and
   every option's sampling score), so that the metric reads one row per pool instead of grouping
@@ -67,7 +67,9 @@ FACT_TABLES: tuple[str, ...] = (
 )
 META_KEY = "facts_fingerprint"
 # bump when the meaning of a fact changes in a way the SQL text does not show
-FACTS_FORMAT = 3  # 2: facts_scored holds the per-sample columns of scored_probs; 3: md5 split columns
+# 2: facts_scored holds the per-sample columns of scored_probs; 3: facts_unc_scores_<pool> hold the
+# md5 split bits and the item's rank in its run
+FACTS_FORMAT = 3
 
 
 def _definitions() -> str:

@@ -9,13 +9,15 @@
 -- _gid numbers the groups in the order of their values, so the caller can split the rows into
 -- groups by an integer. Sorted by (strata, run_id, item_id), which is unique, so the rows of a
 -- group are in (run_id, item_id) order; {select} is every column, or for fitting alone (sorted by
--- _gid, run_id, item_id: the same order within a group) the group, label, split and scaled features.
+-- _gid, run_id, item_id: the same order within a group, as _gid, run_id and the integer _item_ord,
+-- which sorts a run's items as item_id does, see uncertainty._scores_source) the group, label,
+-- split and scaled features.
 -- base is MATERIALIZED: it feeds three consumers (inlined, each would read the scores again).
 WITH sc AS (
 {scores_sql}
 ),
 base AS MATERIALIZED (
-    SELECT {strata} run_id, item_id, NOT correct AS incorrect,
+    SELECT {strata} run_id, item_id{item_ord_column}, NOT correct AS incorrect,
            _split < {train_fraction} AS is_train,
            {feature_casts},
            {complete} AS complete
