@@ -222,7 +222,9 @@ def fact_scores_sql(pool: str) -> str:
     run's own rows alone, so a run's facts can still be refreshed on their own."""
     splits = ", ".join(f"{_split_bits_sql(k)} AS {c}" for k, c in SPLIT_FACT_COLUMNS.items())
     ord_ = f"(row_number() OVER (PARTITION BY run_id ORDER BY item_id) - 1)::UINTEGER AS {ITEM_ORD_COLUMN}"
-    return f"SELECT *, {splits}, {ord_} FROM (\n{scores_sql(list(STRATA), {'pool': pool})})"
+    # sorted after the window, so the table keeps unc_scores' order (strata, run_id, item_id)
+    inner = scores_sql(list(STRATA), {"pool": pool}, ordered=False)
+    return f"SELECT *, {splits}, {ord_} FROM (\n{inner})\n{_order_by_key(list(STRATA))}"
 
 
 def _scores_source(

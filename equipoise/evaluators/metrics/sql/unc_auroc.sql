@@ -39,7 +39,7 @@ keyed AS (
 {keyed}
 ),
 {value_counts},
-ranked AS MATERIALIZED (
+ranked AS (
     SELECT _part, _incorrect, _v,
            rank() OVER w                                  AS _first,
            coalesce(lag(_v) OVER w = _v OR lead(_v) OVER w = _v, false) AS _tied
