@@ -78,6 +78,38 @@ def test_metrics_from_facts_equal_metrics_from_source_tables(store: Path, tmp_pa
     _assert_same(got, want)
 
 
+@pytest.mark.parametrize("split_key", ["item_id", "base_id"])
+def test_uncertainty_splits_read_from_the_facts_equal_the_split_hashed_per_metric(
+    store: Path, tmp_path: Path, split_key: str
+) -> None:
+    """facts_unc_scores_<pool> hold each item's md5 split bits for both split keys and its rank in
+    the run; the metrics that read them (held-out bounds, normalisation, combiner training split
+    and row order) must give what hashing the key and sorting item_id per metric gives."""
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(store.read_bytes())
+    names = ("unc_normalization_bounds", "unc_normalized", "unc_combiners")
+
+    def run() -> tuple[bool, dict[str, pd.DataFrame]]:
+        _load_all()
+        con = connect(path, read_only=True)
+        try:
+            prepare(con, materialize=True)
+            params = {"split_key": split_key}
+            return uses_facts(con), {n: compute(con, n, by=["model"], params=params) for n in names}
+        finally:
+            con.close()
+
+    used, want = run()
+    assert not used
+    con = connect(path)
+    facts.refresh(con)
+    con.close()
+    used, got = run()
+    assert used
+    assert all(len(got[n]) for n in names)
+    _assert_same(got, want)
+
+
 def test_a_write_after_refresh_is_never_served_stale(store: Path, tmp_path: Path) -> None:
     path = tmp_path / "s.duckdb"
     path.write_bytes(store.read_bytes())

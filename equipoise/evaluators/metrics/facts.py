@@ -16,7 +16,8 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
   chosen- and target-option probability, the multi-class Brier term and the conformal LAC / APS
   score of every option and of the target, so that the calibration and conformal metrics join one
   row per sample instead of searching or aggregating ``option_probs``);
-- ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool;
+- ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool, and
+  each item's md5 split bits and rank in its run (``uncertainty.fact_scores_sql``);
 - ``facts_sampling_pools``    = per run x item, the pool of its samples that conformal_sampling
   scores with pool 'item' (``sql/sampling_pools.sql``: sample counts, target, hit, majority vote and
   every option's sampling score), so that the metric reads one row per pool instead of grouping
@@ -66,7 +67,9 @@ FACT_TABLES: tuple[str, ...] = (
 )
 META_KEY = "facts_fingerprint"
 # bump when the meaning of a fact changes in a way the SQL text does not show
-FACTS_FORMAT = 2  # 2: facts_scored holds the per-sample columns of scored_probs
+# 2: facts_scored holds the per-sample columns of scored_probs; 3: facts_unc_scores_<pool> hold the
+# md5 split bits and the item's rank in its run
+FACTS_FORMAT = 3
 
 
 def _definitions() -> str:
@@ -75,6 +78,7 @@ def _definitions() -> str:
     from equipoise.evaluators.metrics.registry import SQL_DIR
 
     texts = [str(FACTS_FORMAT), uncertainty.CONFIDENCE_RE, uncertainty.HEDGE_RE]
+    texts += [uncertainty.fact_scores_sql(p) for p in POOLS]
     files = ("base_views.sql", "sample_probs.sql", "scored_probs.sql", "unc_scores.sql")
     texts += [(SQL_DIR / f).read_text(encoding="utf-8") for f in files]
     texts.append(conformal.sampling_pools_sql())
@@ -207,11 +211,10 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
     from equipoise.evaluators.metrics.conformal import sampling_pools_sql
     from equipoise.evaluators.metrics.registry import (
         SCORED_PROBS_COLUMNS,
-        STRATA,
         sample_probs_sql,
         scored_probs_sql,
     )
-    from equipoise.evaluators.metrics.uncertainty import scores_sql
+    from equipoise.evaluators.metrics.uncertainty import fact_scores_sql
 
     where = "" if todo is None else f" WHERE {todo}"
 
@@ -243,7 +246,7 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
                 SELECT * EXCLUDE ({", ".join(SCORED_PROBS_COLUMNS)}) FROM main.facts_scored{where}"""
         )
         for pool in POOLS:
-            fill(f"facts_unc_scores_{pool}", scores_sql(list(STRATA), {"pool": pool}))
+            fill(f"facts_unc_scores_{pool}", fact_scores_sql(pool))
         # per run x item: the sample pools of conformal_sampling (pool 'item')
         fill("facts_sampling_pools", sampling_pools_sql())
     finally:

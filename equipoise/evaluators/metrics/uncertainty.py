@@ -192,8 +192,48 @@ def scores_sql(by: Sequence[str], params: dict | None = None, ordered: bool = Tr
     return sql + _order_by_key(by) + "\n" if ordered else sql
 
 
+def split_fraction_sql(key: str) -> str:
+    """An item's place in the md5 splits (held-out bounds, combiner training rows): the first 32
+    bits of md5(key) as a fraction in [0, 1); a row is in the split when it lies below the split's
+    fraction. ``key`` is a column name (``item_id`` or ``base_id``)."""
+    return f"('0x' || substr(md5({key}), 1, 8))::UBIGINT / 4294967296.0"
+
+
+def _split_bits_sql(key: str) -> str:
+    """The first 32 bits of md5(key) as a UINTEGER: what the fact stores (4 bytes a row, not the
+    fraction's 8); divided by 4294967296.0 it is exactly split_fraction_sql(key)."""
+    return f"('0x' || substr(md5({key}), 1, 8))::UBIGINT::UINTEGER"
+
+
+# the columns facts_unc_scores_<pool> holds besides unc_scores' own: _split_bits_sql of each key
+SPLIT_FACT_COLUMNS: dict[str, str] = {k: f"_split_{k}" for k in _SPLIT_KEYS}
+# ... and the item's place in its run's items sorted by item_id (0, 1, ...)
+ITEM_ORD_COLUMN = "_item_ord"
+
+
+def fact_scores_sql(pool: str) -> str:
+    """The query of the write-time fact ``facts_unc_scores_<pool>``: unc_scores with every stratum
+    plus, per split key, the bits of the item's md5 split fraction (``SPLIT_FACT_COLUMNS``). The
+    md5 of every item's key was about a tenth of unc_normalized's, unc_normalization_bounds' and
+    unc_combiners' CPU each; it is a fact of the item's key, so the writer hashes it once. And
+    ``ITEM_ORD_COLUMN``, the item's rank among its run's items by item_id: sorting on
+    (run_id, that integer) gives the order of (run_id, item_id) without comparing item_id strings
+    (unc_combiners' sort took about half the CPU of its query with the strings). Both depend on the
+    run's own rows alone, so a run's facts can still be refreshed on their own."""
+    splits = ", ".join(f"{_split_bits_sql(k)} AS {c}" for k, c in SPLIT_FACT_COLUMNS.items())
+    ord_ = f"(row_number() OVER (PARTITION BY run_id ORDER BY item_id) - 1)::UINTEGER AS {ITEM_ORD_COLUMN}"
+    # sorted after the window, so the table keeps unc_scores' order (strata, run_id, item_id)
+    inner = scores_sql(list(STRATA), {"pool": pool}, ordered=False)
+    return f"SELECT *, {splits}, {ord_} FROM (\n{inner})\n{_order_by_key(list(STRATA))}"
+
+
 def _scores_source(
-    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict, ordered: bool = False
+    con: duckdb.DuckDBPyConnection,
+    by: Sequence[str],
+    params: dict,
+    ordered: bool = False,
+    split_key: str | None = None,
+    item_ord: bool = False,
 ) -> str:
     """The unc_scores query for ``by``: computed inline, or read from a per-connection cache.
 
@@ -203,12 +243,24 @@ def _scores_source(
     table, and each metric selects its own strata from it in the same column order, so results are
     identical to the inline query. With plain views (a connection that may also write) nothing is
     cached: the scores must follow the store. Sorted only when ``ordered`` (the published
-    unc_scores rows); the other metrics aggregate or sort their own output.
+    unc_scores rows); the other metrics aggregate or sort their own output. With ``split_key``
+    the rows end in one more column, ``_split``: ``split_fraction_sql(split_key)``, read from the
+    fact when there is one, else computed here. With ``item_ord`` (after ``_split``) one more,
+    ``_item_ord``: a key that sorts the items of a run as item_id does (the fact's integer rank,
+    else item_id itself).
     """
     params = {**REGISTRY["unc_scores"].params, **(params or {})}
     by = _check_by(by)
+    if split_key is not None and split_key not in _SPLIT_KEYS:
+        raise ValueError(f"split_key must be one of {_SPLIT_KEYS}, got {split_key!r}")
+    split = "" if split_key is None else f", {split_fraction_sql(split_key)} AS _split"
+    if item_ord:
+        split += f", item_id AS {ITEM_ORD_COLUMN}"
     if not _materialized(con):
-        return scores_sql(by, params, ordered)
+        sql = scores_sql(by, params, ordered=False)
+        if split:
+            sql = f"SELECT *{split} FROM (\n{sql})"
+        return sql + _order_by_key(by) + "\n" if ordered else sql
     pool = str(params["pool"])
     scores_sql([], params)  # validates the pool before its name is used
     table = f"_unc_scores_cache_{pool}"
@@ -219,15 +271,34 @@ def _scores_source(
         # the key is validated by scores_sql before the name is used
         con.execute(f"CREATE TEMP TABLE {table} AS {scores_sql(all_by, params, ordered=False)}")
     cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
-    fixed = cols[len([b for b in all_by if b != "run_id"]) :]
+    extra = {*SPLIT_FACT_COLUMNS.values(), ITEM_ORD_COLUMN}
+    fixed = [c for c in cols[len([b for b in all_by if b != "run_id"]) :] if c not in extra]
+    if split_key is not None and SPLIT_FACT_COLUMNS[split_key] in cols:
+        split = f", {SPLIT_FACT_COLUMNS[split_key]} / 4294967296.0 AS _split"
+        if item_ord:
+            split += f", {ITEM_ORD_COLUMN}"
+    elif item_ord and ITEM_ORD_COLUMN in cols:
+        split = split.replace(f"item_id AS {ITEM_ORD_COLUMN}", ITEM_ORD_COLUMN)
     order = " " + _order_by_key(by) if ordered else ""
-    return f"SELECT {_strata(by)}{', '.join(fixed)} FROM {table}{order}"
+    return f"SELECT {_strata(by)}{', '.join(fixed)}{split} FROM {table}{order}"
 
 
-def _wrapped(con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str], params: dict, **extra: str) -> str:
+def _wrapped(
+    con: duckdb.DuckDBPyConnection,
+    name: str,
+    by: Sequence[str],
+    params: dict,
+    split_key: str | None = None,
+    item_ord: bool = False,
+    **extra: str,
+) -> str:
     text = (SQL_DIR / REGISTRY[name].sql).read_text(encoding="utf-8")
     return text.format(
-        scores_sql=_scores_source(con, by, params), by=_by(by), part=_by(by), strata=_strata(by), **extra
+        scores_sql=_scores_source(con, by, params, split_key=split_key, item_ord=item_ord),
+        by=_by(by),
+        part=_by(by),
+        strata=_strata(by),
+        **extra,
     )
 
 
@@ -240,8 +311,9 @@ def _split_key(params: dict) -> str:
 
 def _bound_fragments(params: dict) -> dict[str, str]:
     """What unc_normalized and unc_normalization_bounds share, rendered once so the two cannot
-    drift apart: the held-out test (md5 of the split key below holdout_fraction), the DOUBLE casts
-    of the scores and the per-score bound aggregates (n__x, lo__x, hi__x over the held-out rows)."""
+    drift apart: the held-out test (the md5 split fraction ``_split`` of the scores' source, see
+    ``_scores_source``, below holdout_fraction), the DOUBLE casts of the scores and the per-score
+    bound aggregates (n__x, lo__x, hi__x over the held-out rows)."""
     cols = _columns(params, "scores", SCORE_COLUMNS)
     q = float(params["upper_quantile"])
     if not 0.0 <= q <= 1.0:
@@ -249,8 +321,7 @@ def _bound_fragments(params: dict) -> dict[str, str]:
     fraction = _fraction(params, "holdout_fraction")
     held = "FILTER (WHERE in_holdout)"
     return {
-        "in_holdout": f"('0x' || substr(md5({_split_key(params)}), 1, 8))::UBIGINT / 4294967296.0 "
-        f"< {fraction!r}",
+        "in_holdout": f"_split < {fraction!r}",
         "score_casts": ", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
         "bound_aggregates": ", ".join(
             f"count({c}) {held} AS n__{c}, min({c}) {held} AS lo__{c}, "
@@ -265,7 +336,7 @@ def _bounds_query(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dic
     count, minimum and upper quantile (``n__x, lo__x, hi__x``), as a query of its own."""
     frag = _bound_fragments(params)
     return (
-        f"WITH sc AS (\n{_scores_source(con, by, params)}\n),\n"
+        f"WITH sc AS (\n{_scores_source(con, by, params, split_key=_split_key(params))}\n),\n"
         f"wide AS (SELECT {_strata(by)} run_id, {frag['in_holdout']} AS in_holdout, "
         f"{frag['score_casts']} FROM sc)\n"
         f"SELECT {_by(by)} count(*) AS _n_rows, {frag['bound_aggregates']} FROM wide GROUP BY ALL"
@@ -318,10 +389,12 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
         "unc_normalized",
         by,
         params,
+        split_key=_split_key(params),
         **frag,
         bounds=f"SELECT * FROM {cached}"
         if cached
         else f"SELECT {_by(by)} {frag['bound_aggregates']} FROM wide GROUP BY ALL",
+        wide_mode="NOT MATERIALIZED" if cached else "MATERIALIZED",
         wide_strata=_strata(by, "wide."),
         normalized_columns=normalized,
         bounds_join=bounds_join,
@@ -462,6 +535,8 @@ def _features_with_gid(
         by,
         params,
         split_key=_split_key(params),
+        item_ord=slim,
+        item_ord_column=f", {ITEM_ORD_COLUMN}" if slim else "",
         train_fraction=repr(_fraction(params, "train_fraction")),
         feature_casts=", ".join(f"CAST({f} AS DOUBLE) AS {f}" for f in feats),
         complete=" AND ".join(f"{f} IS NOT NULL" for f in feats),
@@ -486,7 +561,7 @@ def _features_with_gid(
             if slim
             else "base.*, " + ", ".join(scaled) + ", groups._gid"
         ),
-        order_by="groups._gid, base.run_id, base.item_id"
+        order_by=f"groups._gid, base.run_id, base.{ITEM_ORD_COLUMN}"
         if slim
         else ", ".join([*(f"base.{c}" for c in by if c != "run_id"), "base.run_id", "base.item_id"]),
     )

@@ -18,8 +18,11 @@
 --   few rows and costs a hash table as large as the input): a rank sum from one sort per (group,
 --   score) in a single window pass: 2U = sum over positives of (first rank + last rank)
 --   - n_pos (n_pos + 1), the average rank of a tied value being the mean of its first and last
---   rank. rank() is the first rank (1 + items below), and count(*) over the default frame (RANGE
---   from the start through the current row's last peer) is the last rank (items at or below).
+--   rank. rank() is the first rank (1 + items below); an untied value's last rank is the same, so
+--   only the few tied rows (a neighbour in the sort order with the same value: lag / lead, in the
+--   same sort as rank) are counted per value, where the last rank is first + (count - 1). That
+--   replaces count(*) over a RANGE frame (the last rank of every row: peer boundaries for all 3M
+--   rows at 1M predictions), which cost about a sixth more CPU than rank() with lag / lead.
 --
 -- Undefined scores (NULL or NaN) sort last, after every defined value, so they shift no defined
 -- value's counts or ranks; they are counted in n_undefined and left out of the sums. Splitting the
@@ -38,20 +41,37 @@ keyed AS (
 {value_counts},
 ranked AS (
     SELECT _part, _incorrect, _v,
-           rank() OVER w   AS _first,
-           count(*) OVER w AS _last
+           rank() OVER w                                  AS _first,
+           coalesce(lag(_v) OVER w = _v OR lead(_v) OVER w = _v, false) AS _tied
     FROM ({long_continuous})
     WINDOW w AS (PARTITION BY _part ORDER BY _v ASC NULLS LAST)
 ),
-g_continuous AS (
+-- per tied value: its positives times (first + last rank), last = first + (count - 1)
+ties AS (
+    SELECT _part, sum(_sum) AS _sum
+    FROM (SELECT _part, count(*) FILTER (WHERE _incorrect) * (2 * min(_first) + count(*) - 1) AS _sum
+          FROM ranked
+          WHERE _tied AND _v IS NOT NULL
+          GROUP BY _part, _v)
+    GROUP BY _part
+),
+g_ranked AS (
     SELECT _part,
            count(*)::BIGINT                                                  AS n_items,
            count(_v)::BIGINT                                                 AS n,
            count(_v) FILTER (WHERE _incorrect)::BIGINT                       AS n_incorrect,
-           sum(_first + _last) FILTER (WHERE _incorrect AND _v IS NOT NULL)
-             - n_incorrect * (n_incorrect + 1)                               AS _twice_u
+           coalesce(sum(2 * _first) FILTER (WHERE _incorrect AND _v IS NOT NULL AND NOT _tied), 0)
+             - n_incorrect * (n_incorrect + 1)                               AS _untied_twice_u
     FROM ranked
     GROUP BY _part
+),
+g_continuous AS (
+    SELECT r._part, r.n_items, r.n, r.n_incorrect,
+           CASE WHEN r.n_incorrect > 0
+                THEN r._untied_twice_u + coalesce(t._sum, 0)
+           END AS _twice_u
+    FROM g_ranked r
+    LEFT JOIN ties t ON t._part = r._part
 ),
 g AS (
     SELECT * FROM g_discrete

@@ -1,22 +1,24 @@
 -- Feature matrix for the reasoning-trace combiners (seed 002, appendix D): one row per
 -- (run_id, item_id) from sample 0, the label (incorrect = not correct; unparsed counts as
 -- incorrect, as in accuracy), the md5 train/test split, and every feature min-max scaled with the
--- bounds of the group's training rows (a constant feature scales to 0). Rows with a NULL feature
+-- bounds of the group's training rows (a constant feature scales to 0); _split is the item's md5
+-- split fraction (uncertainty.split_fraction_sql of the split key). Rows with a NULL feature
 -- stay, flagged by complete = false, and are left out of fitting and scoring.
 -- The bounds are one grouped aggregate per (group, complete) ({bound_aggregates}: lo__f / hi__f
 -- over the training rows), joined back to the rows (NULL group values match, as in GROUP BY);
 -- _gid numbers the groups in the order of their values, so the caller can split the rows into
 -- groups by an integer. Sorted by (strata, run_id, item_id), which is unique, so the rows of a
 -- group are in (run_id, item_id) order; {select} is every column, or for fitting alone (sorted by
--- _gid, run_id, item_id: the same order within a group) the group, label, split and scaled features.
--- base is MATERIALIZED: it feeds three consumers, and inlined each would hash every item's split
--- key with md5 again (most of this query's cost).
+-- _gid, run_id, item_id: the same order within a group, as _gid, run_id and the integer _item_ord,
+-- which sorts a run's items as item_id does, see uncertainty._scores_source) the group, label,
+-- split and scaled features.
+-- base is MATERIALIZED: it feeds three consumers (inlined, each would read the scores again).
 WITH sc AS (
 {scores_sql}
 ),
 base AS MATERIALIZED (
-    SELECT {strata} run_id, item_id, NOT correct AS incorrect,
-           ('0x' || substr(md5({split_key}), 1, 8))::UBIGINT / 4294967296.0 < {train_fraction} AS is_train,
+    SELECT {strata} run_id, item_id{item_ord_column}, NOT correct AS incorrect,
+           _split < {train_fraction} AS is_train,
            {feature_casts},
            {complete} AS complete
     FROM sc

@@ -11,8 +11,11 @@
 -- Why wide: one row per item and score repeated each group's three bounds on every row, and the
 -- unpivot plus writing (number of scores) times as many rows was most of this metric's cost.
 --
--- The md5 split is taken once per item (wide is MATERIALIZED so that its two consumers do not each
--- hash every split key); the bounds are one grouped aggregate ({bound_aggregates}: per
+-- The md5 split fraction (_split) comes with the scores (the write-time fact holds it; otherwise it
+-- is hashed once per item). wide is MATERIALIZED when the bounds aggregate it here, so
+-- that its two consumers do not each read and cast (or hash) every item; with the bounds read from
+-- the cache it has one consumer and is inlined (copying every item's scores first cost about 15%
+-- of this metric's CPU at 1M predictions). The bounds are one grouped aggregate ({bound_aggregates}: per
 -- score n__x, lo__x, hi__x over the held-out rows) of wide, or the same aggregate read from the
 -- table unc_normalization_bounds left in the connection's cache (see uncertainty._bounds_cache),
 -- joined to the items of their group (NULL group values match, as in GROUP BY).
@@ -23,7 +26,7 @@
 WITH sc AS (
 {scores_sql}
 ),
-wide AS MATERIALIZED (
+wide AS {wide_mode} (
     SELECT {strata} run_id, item_id, {in_holdout} AS in_holdout, {score_casts}
     FROM sc
 ),
