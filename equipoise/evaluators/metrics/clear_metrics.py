@@ -66,7 +66,10 @@ def _keyed(
     def fn(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
         _refuse_unknown(name, params, ())
         by = [b for b in by if b not in fixed]
-        return con.execute(render_sql(REGISTRY[name], by, {})).df()
+        # the per-item step keeps only the strata of this grouping (any_value over the item's key,
+        # run_id and item_id, which it has as they are)
+        by_any = "".join(f"any_value({b}) AS {b}, " for b in by if b not in ("run_id", "item_id"))
+        return con.execute(render_sql(REGISTRY[name], by, {"by_any": by_any})).df()
 
     return fn
 
