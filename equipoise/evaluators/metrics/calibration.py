@@ -66,6 +66,7 @@ from equipoise.evaluators.metrics.registry import (
     register,
     render_sql,
     temp_tables,
+    uses_facts,
 )
 
 # confidence name -> expression over a row `sc` of `scored_probs` (`scored` with the per-sample facts
@@ -140,10 +141,13 @@ def prepare_samples(
     TEMP table, the strata of ``by`` (default: all) and the columns the metrics read, not the raw
     output text or strata no metric of this grouping reads (copying those strings cost as much as
     the join), and ``cal_samples`` selects from it. A connection with live views (it may also
-    write) keeps the plain view, which always follows the store.
+    write) keeps the plain view, which always follows the store. So does a connection that reads
+    the store's current facts: there ``scored_probs`` is the fact table ``facts_scored`` itself, so
+    the view is a scan of its few columns the metric reads, as fast as a scan of the copy (measured
+    at 1M predictions), and filling the copy was pure cost (about 0.1 s and its memory).
     """
     p = _params(params or {})
-    if not _materialized(con):
+    if not _materialized(con) or uses_facts(con):
         con.execute(samples_sql(p))
         return
     strata = list(dict.fromkeys(STRATA if by is None else _check_by(by)))
