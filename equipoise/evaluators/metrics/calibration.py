@@ -217,11 +217,22 @@ def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], di
 def _runner(
     name: str, columns: Sequence[str]
 ) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], pd.DataFrame]:
-    """For metrics that share one query and keep some of its columns (aurc, prr: one row per group)."""
+    """For metrics that share one query and keep some of its columns (aurc, prr: one row per group).
+
+    On a connection with fixed base relations the shared query's rows (one per group) are kept in
+    a TEMP table per (confidence, samples, by), like cal_blocks, so the second of aurc / prr reads
+    them instead of aggregating every tie block again; elsewhere the query runs each time.
+    """
     sql = _sql_of(name)
 
     def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
-        return con.execute(sql(con, by, params)).df()[[*by, *columns]]
+        query = sql(con, by, params)
+        if _materialized(con):
+            table = f"_cal_selective_{_cache_key(_params(params), _check_by(by))}"
+            if table not in temp_tables(con):
+                con.execute(f"CREATE TEMP TABLE {table} AS {query}")
+            query = f"SELECT * FROM {table} ORDER BY ALL"
+        return con.execute(query).df()[[*by, *columns]]
 
     return run
 
