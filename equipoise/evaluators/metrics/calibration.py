@@ -200,11 +200,41 @@ def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[st
     )
 
 
+# not a registered metric either: the per-bin step of ece and reliability
+_BINS = Metric(name="cal_bins", description="per-bin sums of cal_samples", sql="cal_bins.sql")
+_BIN_METRICS = ("ece", "reliability")  # their SQL reads cal_bins
+
+
+def prepare_bins(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str]) -> None:
+    """Create the ``cal_bins`` view (``sql/cal_bins.sql``) over ``cal_samples`` grouped by ``by``.
+
+    ece and reliability bin every row of a group the same way; on a connection with fixed base
+    relations (see ``prepare_samples``) the bins are computed once per (confidence, samples, by,
+    n_bins) into a TEMP table of a few rows per group, otherwise it stays a view.
+    """
+    p = _params(params)
+    by = _check_by(by)
+    prepare_samples(con, p, by)
+    n_bins = int(p["n_bins"])  # type: ignore[call-overload]
+    values = {"bin_expr": bin_sql("confidence", n_bins), "n_bins": n_bins}
+    if not _materialized(con):
+        con.execute(render_sql(_BINS, by, {**values, "view": "cal_bins"}))
+        return
+    _view_of_cache(
+        con,
+        "cal_bins",
+        f"_cal_bins_{n_bins}_{_cache_key(p, by)}",
+        lambda src: render_sql(_BINS, by, {**values, "view": src}),
+    )
+
+
 def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], str]:
     def sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
         p = _params(params)
         if name in _BLOCK_METRICS:
             prepare_blocks(con, p, by)  # also prepares cal_samples
+        elif name in _BIN_METRICS:
+            prepare_bins(con, p, by)  # also prepares cal_samples
         else:
             prepare_samples(con, p, by)
         n_bins = int(p["n_bins"])  # type: ignore[call-overload]
