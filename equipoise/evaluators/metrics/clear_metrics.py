@@ -68,7 +68,8 @@ def _keyed(
         by = [b for b in by if b not in fixed]
         # the per-item step keeps only the strata of this grouping (any_value over the item's key,
         # run_id and item_id, which it has as they are)
-        by_any = "".join(f"any_value({b}) AS {b}, " for b in by if b not in ("run_id", "item_id"))
+        keep = [b for b in dict.fromkeys(by) if b not in ("run_id", "item_id")]
+        by_any = "".join(f"any_value({b}) AS {b}, " for b in keep)
         return con.execute(render_sql(REGISTRY[name], by, {"by_any": by_any})).df()
 
     return fn
