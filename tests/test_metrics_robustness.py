@@ -463,6 +463,32 @@ def test_paired_bootstrap_is_deterministic_and_seeded(store: Path, monkeypatch) 
     pd.testing.assert_frame_equal(only, one[one.model == "m2"].reset_index(drop=True))
 
 
+@pytest.mark.parametrize(("n", "n_boot", "parts"), [(1, 5, 3), (7, 300, 4), (1000, 301, 3), (40000, 9, 2)])
+def test_bootstrap_parts_draw_the_sequential_stream(n: int, n_boot: int, parts: int, monkeypatch) -> None:
+    """Split into parts (each a generator jumped ahead to its first replicate), run in reverse
+    order, the replicate means are bit-for-bit those of one sequential draw of the whole stream."""
+    x = np.random.default_rng(n).normal(size=n)
+    want = np.floor(np.random.default_rng([3, n]).random((n_boot, n)) * n).astype(np.int64)
+    want_means = x[want].mean(axis=1)
+    monkeypatch.setattr(rob, "_SPLIT_CELLS", 1)
+    monkeypatch.setattr(rob, "_BLOCK_CELLS", 50)
+    split = rob.bootstrap_means_parts(x, n_boot, np.random.default_rng([3, n]), parts)
+    assert len(split) == min(parts, n_boot)
+    for task, _ in reversed(split):
+        task()
+    got = np.concatenate([view for _, view in split])
+    assert np.array_equal(got, want_means)
+    assert np.array_equal(rob.bootstrap_means(x, n_boot, np.random.default_rng([3, n])), want_means)
+
+
+def test_paired_bootstrap_split_matches_unsplit(store: Path, monkeypatch) -> None:
+    by = ["model", "prompt_style"]
+    a = _compute(store, "paired_bootstrap_uncertainty", by, {"n_boot": 300})
+    monkeypatch.setattr(rob, "_SPLIT_CELLS", 1)
+    b = _compute(store, "paired_bootstrap_uncertainty", by, {"n_boot": 300})
+    pd.testing.assert_frame_equal(a, b)
+
+
 # ---------------------------------------------------------------------------------------------
 # bootstrap CI for accuracy
 # ---------------------------------------------------------------------------------------------

@@ -66,7 +66,11 @@ def _keyed(
     def fn(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
         _refuse_unknown(name, params, ())
         by = [b for b in by if b not in fixed]
-        return con.execute(render_sql(REGISTRY[name], by, {})).df()
+        # the per-item step keeps only the strata of this grouping (any_value over the item's key,
+        # run_id and item_id, which it has as they are)
+        keep = [b for b in dict.fromkeys(by) if b not in ("run_id", "item_id")]
+        by_any = "".join(f"any_value({b}) AS {b}, " for b in keep)
+        return con.execute(render_sql(REGISTRY[name], by, {"by_any": by_any})).df()
 
     return fn
 

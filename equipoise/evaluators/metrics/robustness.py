@@ -42,7 +42,10 @@ separator '\\x1f', hashed with SHA-256, and the first 8 bytes read as a little-e
 ``h``; the generator is ``numpy.random.default_rng([seed, h])``. Replicate r takes the n indices
 ``floor(u * n)`` from the next n uniforms ``u`` of ``rng.random`` (row-major: all of replicate 0,
 then replicate 1, ...). Replicates are drawn in blocks to bound memory; the stream is the same
-whatever the block size. ``bootstrap_ci`` draws from the same per-group generator differently: the
+whatever the block size. A large group's replicates are also split into parts computed in parallel,
+each from a copy of the generator jumped ahead (``PCG64.advance``: one 64-bit output per uniform) to
+its first replicate's uniforms, so the parts draw exactly the numbers of one sequential pass.
+``bootstrap_ci`` draws from the same per-group generator differently: the
 group's items are reduced to their distinct kinds (m samples, c correct) sorted by (m, c) with
 ``n_kind`` items each (n = sum of ``n_kind``), and the replicate counts are the rows of
 ``rng.multinomial(n, n_kind / n, size=n_boot)`` (one call, float64 probabilities); replicate r's
@@ -56,9 +59,11 @@ into SQL unchecked.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
@@ -82,7 +87,10 @@ UNCERTAINTY: dict[str, tuple[str, str]] = {
     "token_mean": ("-s.token_logprob_mean", "-token_logprob_mean (average token NLL)"),
 }
 _VARIANT_RE = re.compile(r"^[A-Za-z0-9_.:+-]+$")
-_BLOCK_CELLS = 1_000_000  # uniforms drawn per block of replicates (the stream does not depend on it)
+# uniforms drawn per block of replicates (the stream does not depend on it): 2^16 cells, so the
+# three reused buffers of _fill_means (512 KiB each) stay in the CPU cache
+_BLOCK_CELLS = 1 << 16
+_SPLIT_CELLS = 1 << 22  # at least this many uniforms per part of a split group bootstrap
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,8 +133,7 @@ def _variant(params: dict, name: str) -> str:
 # the columns of rob_samples that rob_pairs and rob_base_unpaired read (the pairing key and each
 # side's values), besides the grouping's strata
 _SAMPLE_COLUMNS = (
-    "run_id", "variant", "model", "backend", "prompt_style", "base_id", "item_id", "dataset_id",
-    "decoding_json", "correct", "parsed_role", "uncertainty",
+    "run_id", "variant", "pair_class", "base_id", "item_id", "correct", "parsed_role", "uncertainty",
 )  # fmt: skip
 
 
@@ -237,7 +244,78 @@ def percentile_ci(reps: np.ndarray, alpha: float) -> tuple[float, float]:
 
 def bootstrap_means(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
     """Replicate means of ``x`` resampled with replacement (vectorised per block)."""
-    return np.concatenate([x[idx].mean(axis=1) for idx in resample_indices(rng, len(x), n_boot)])
+    out = np.empty(n_boot)
+    _fill_means(x, rng, out)
+    return out
+
+
+def _fill_means(x: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> None:
+    """Write into ``out`` the means of ``len(out)`` consecutive replicates drawn from ``rng``: the
+    values of ``resample_indices`` / ``x[idx].mean(axis=1)``, computed in place.
+
+    Why in place: with fresh arrays per block (uniforms, indices, gathered values) most of the time
+    went to allocating and first touching them; one set of buffers of about ``_BLOCK_CELLS`` cells,
+    reused for every block, stays in the CPU cache. The operations and their order are those of
+    the plain form (multiply by n, truncate to int64, gather, mean along the row), so every bit of
+    the result is the same.
+    """
+    n = len(x)
+    block = max(1, min(len(out), _BLOCK_CELLS // max(n, 1)))
+    u = np.empty((block, n))
+    idx = np.empty((block, n), dtype=np.int64)
+    g = np.empty((block, n))
+    done = 0
+    while done < len(out):
+        b = min(block, len(out) - done)
+        ub, ib, gb = u[:b], idx[:b], g[:b]
+        rng.random(out=ub)
+        np.multiply(ub, n, out=ub)
+        np.copyto(ib, ub, casting="unsafe")  # truncation = floor for u * n >= 0, as astype(int64)
+        np.take(x, ib, out=gb)
+        np.mean(gb, axis=1, out=out[done : done + b])
+        done += b
+
+
+def _rng_at(rng: np.random.Generator, draws: int) -> np.random.Generator | None:
+    """A generator that continues ``rng``'s stream ``draws`` doubles ahead, or None where that
+    cannot be done exactly. ``rng`` itself is not moved.
+
+    ``default_rng`` is PCG64, whose ``random`` takes one 64-bit output per double, so jumping
+    ``draws`` outputs ahead (``PCG64.advance``, O(log draws)) lands where drawing ``draws``
+    uniforms would: a group's replicates can be split into parts drawn in parallel, with the same
+    numbers as one sequential pass.
+    """
+    bg = rng.bit_generator
+    if type(bg) is not np.random.PCG64:
+        return None
+    twin = np.random.PCG64()
+    twin.state = bg.state
+    twin.advance(draws)
+    return np.random.Generator(twin)
+
+
+def bootstrap_means_parts(
+    x: np.ndarray, n_boot: int, rng: np.random.Generator, parts: int
+) -> list[tuple[Callable[[], None], np.ndarray]]:
+    """The replicate means of ``bootstrap_means(x, n_boot, rng)`` as up to ``parts`` independent
+    tasks: returns ``(task, out)`` pairs where running every task (in any order, on any thread)
+    fills the concatenation of the ``out`` arrays with exactly those means. Each part draws from a
+    copy of the generator advanced to its first replicate (``_rng_at``); with fewer than
+    ``_SPLIT_CELLS`` cells per part, or a generator that cannot be advanced, it is one task.
+    """
+    n = len(x)
+    parts = max(1, min(parts, n_boot, (n * n_boot) // _SPLIT_CELLS))
+    if parts > 1 and _rng_at(rng, 0) is None:
+        parts = 1
+    out = np.empty(n_boot)
+    bounds = [n_boot * i // parts for i in range(parts + 1)]
+    tasks: list[tuple[Callable[[], None], np.ndarray]] = []
+    for lo, hi in itertools.pairwise(bounds):
+        part_rng = rng if parts == 1 else _rng_at(rng, lo * n)
+        assert part_rng is not None
+        view = out[lo:hi]
+        tasks.append((functools.partial(_fill_means, x, part_rng, view), view))
+    return tasks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,24 +372,37 @@ def _paired_bootstrap(con: duckdb.DuckDBPyConnection, by: Sequence[str], params:
     _pairs_view(con, params, by)
     df = con.execute(render_sql(REGISTRY["paired_bootstrap_uncertainty"], by, params)).df()
 
-    def one(key: tuple, diffs: object) -> tuple[int, float, float, float, float]:
-        d = np.asarray(diffs, dtype=float)
+    # Every group draws from its own generator (group_rng), and a large group's replicates are
+    # split into parts that each continue its stream at their first replicate
+    # (bootstrap_means_parts), so all parts of all groups run in parallel threads (numpy releases
+    # the GIL while drawing and gathering) with results identical to a loop: with three groups on
+    # two threads, whole groups would leave one thread idle for a third of the time.
+    workers = _boot_threads(con)
+    keys = [tuple(k) for k in df[list(by)].itertuples(index=False)]
+    diffs = [np.asarray(d, dtype=float) for d in df.diffs]
+    split = [
+        bootstrap_means_parts(d, n_boot, group_rng(seed, k), workers) if len(d) else []
+        for k, d in zip(keys, diffs, strict=True)
+    ]
+    tasks = [task for parts in split for task, _ in parts]
+    if workers > 1 and len(tasks) > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(lambda task: task(), tasks))
+    else:
+        for task in tasks:
+            task()
+
+    def one(
+        d: np.ndarray, parts: list[tuple[Callable[[], None], np.ndarray]]
+    ) -> tuple[int, float, float, float, float]:
         if len(d) == 0:
             return (0, np.nan, np.nan, np.nan, np.nan)
-        reps = bootstrap_means(d, n_boot, group_rng(seed, key))
+        reps = np.concatenate([view for _, view in parts])
         lo, hi = percentile_ci(reps, alpha)
         p = min(1.0, 2.0 * min(float(np.mean(reps <= 0)), float(np.mean(reps >= 0))))
         return (len(d), float(d.mean()), lo, hi, p)
 
-    # Every group draws from its own generator (group_rng), so groups can run in parallel threads
-    # (numpy releases the GIL while drawing and gathering) with results identical to a loop.
-    keys = [tuple(k) for k in df[list(by)].itertuples(index=False)]
-    workers = min(len(keys), _boot_threads(con))
-    if workers > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            rows = list(pool.map(one, keys, df.diffs))
-    else:
-        rows = [one(k, d) for k, d in zip(keys, df.diffs, strict=True)]
+    rows = [one(d, parts) for d, parts in zip(diffs, split, strict=True)]
     out = df.drop(columns="diffs")
     out["n_used"] = [r[0] for r in rows]
     out["mean_diff"] = [r[1] for r in rows]

@@ -3,22 +3,7 @@
 -- is counted in it and 0.0 in the first (exact at the edges: see bin_sql in calibration.py).
 -- ECE = sum_b (n_b / N) |acc_b - conf_b| over the non-empty bins, N = used rows;
 -- MCE = max_b |acc_b - conf_b|. Excluded rows are counted, never binned.
-WITH b AS (
-    SELECT *, CASE WHEN used THEN {bin_expr} END AS bin
-    FROM cal_samples
-),
-per_bin AS (
-    SELECT {by} bin,
-           count(*)                                               AS n_b,
-           count(*) FILTER (WHERE cal_status = 'unparsed')        AS n_unparsed,
-           count(*) FILTER (WHERE cal_status = 'no_confidence')   AS n_no_confidence,
-           avg(confidence)                                        AS conf_b,
-           avg(correct::DOUBLE)                                   AS acc_b,
-           sum(confidence)                                        AS conf_sum,
-           sum(correct::DOUBLE)                                   AS correct_sum
-    FROM b
-    GROUP BY {by} bin
-)
+-- The per-bin counts and means come from cal_bins (cal_bins.sql, shared with reliability).
 SELECT {by}
        sum(n_b)::BIGINT                                                   AS n_total,
        coalesce(sum(n_b) FILTER (WHERE bin IS NOT NULL), 0)::BIGINT       AS n,
@@ -33,6 +18,6 @@ SELECT {by}
        sum(n_b * abs(acc_b - conf_b)) FILTER (WHERE bin IS NOT NULL)
          / sum(n_b) FILTER (WHERE bin IS NOT NULL)                        AS ece,
        max(abs(acc_b - conf_b)) FILTER (WHERE bin IS NOT NULL)            AS mce
-FROM per_bin
+FROM cal_bins
 {group_by}
 ORDER BY ALL

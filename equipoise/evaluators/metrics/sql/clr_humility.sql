@@ -8,16 +8,30 @@
 -- Abstention items without a gold partner are counted in n_unpaired and left out of every rate.
 -- Unparsed samples (no valid option: unparseable, error, free-text refusal, unknown letter) count as
 -- neither target nor distractor and are reported per side.
-WITH c AS (
-    SELECT s.*, r.decoding_json,
+-- The five run settings a pair must share (dataset_id, model, backend, prompt_style, decoding_json)
+-- are columns of `runs`, so they are numbered once over the few runs (pair_class; NULL when one is
+-- NULL, which `=` never matches either) and items pair on (pair_class, base_id, clr_k). An item of
+-- the abstention side is grouped by its key (run_id, item_id) alone: its pairing columns and the
+-- strata of the grouping ({{by_any}}) are functions of that key (runs' primary key run_id, items'
+-- primary key (dataset_id, config, item_id)), so any_value reads the one value each has and no
+-- stratum the grouping does not name is read at all.
+WITH rc AS (
+    SELECT run_id,
+           dense_rank() OVER (ORDER BY dataset_id, model, backend, prompt_style, decoding_json) AS pair_class
+    FROM runs
+    WHERE dataset_id IS NOT NULL AND model IS NOT NULL AND backend IS NOT NULL
+      AND prompt_style IS NOT NULL AND decoding_json IS NOT NULL
+),
+c AS (
+    SELECT s.*, rc.pair_class,
            regexp_extract(s.variant, '^k([0-9]+)_', 1)       AS clr_k,
            regexp_extract(s.variant, '^k[0-9]+_(.+)$', 1)    AS clr_task
     FROM scored s
-    JOIN runs r USING (run_id)
+    LEFT JOIN rc USING (run_id)
     WHERE s.task = 'mcq' AND s.suite = 'clear' AND NOT starts_with(s.prompt_style, 'self_eval:')
 ),
 gold AS (
-    SELECT dataset_id, model, backend, prompt_style, decoding_json, base_id, clr_k,
+    SELECT pair_class, base_id, clr_k,
            avg(correct::INT)                                              AS gold_p_target,
            avg((parsed_role IS NULL)::INT)                                AS gold_p_unparsed
     FROM c
@@ -25,23 +39,23 @@ gold AS (
     GROUP BY ALL
 ),
 per_item AS (
-    SELECT run_id, item_id, base_id, dataset_id, decoding_json, clr_k, clr_task,
-           model, backend, prompt_style, suite, variant, config, k, framing, system_id, criterion_id,
-           condition, specialty, question_type, imaging_modality, difficulty,
+    SELECT run_id, item_id, {by_any}
+           any_value(pair_class)                                          AS pair_class,
+           any_value(base_id)                                             AS base_id,
+           any_value(clr_k)                                               AS clr_k,
+           any_value(clr_task)                                            AS clr_task,
            avg(correct::INT)                                              AS p_target,
            avg(coalesce(parsed_role = 'distractor', false)::INT)          AS p_distractor,
            avg((parsed_role IS NULL)::INT)                                AS p_unparsed
     FROM c
     WHERE clr_task IN ('na', 'idk', 'ina')
-    GROUP BY ALL
+    GROUP BY run_id, item_id
 ),
 pairs AS (
     SELECT a.*, g.gold_p_target, g.gold_p_unparsed
     FROM per_item a
     LEFT JOIN gold g
-           ON g.dataset_id = a.dataset_id AND g.model = a.model AND g.backend = a.backend
-          AND g.prompt_style = a.prompt_style AND g.decoding_json = a.decoding_json
-          AND g.base_id = a.base_id AND g.clr_k = a.clr_k
+           ON g.pair_class = a.pair_class AND g.base_id = a.base_id AND g.clr_k = a.clr_k
 )
 SELECT {by}
        CAST(clr_k AS INTEGER)                                             AS k,

@@ -8,8 +8,18 @@
 -- never duplicate a pair). An item's rate is the mean over its samples; rates are means over the
 -- pairs. Strata ({{by}}) come from the after item (its framing column reads e.g. 'IDK+NA'; the added
 -- option is added_framing). After items without a before partner are counted in n_unpaired only.
-WITH c AS (
-    SELECT s.*, r.decoding_json,
+-- Pairing columns as in clr_humility.sql: runs numbered by their five shared settings (pair_class,
+-- NULL when one is NULL), after items grouped by their key (run_id, item_id) alone with any_value of
+-- the columns that are functions of it (the strata of the grouping: {{by_any}}).
+WITH rc AS (
+    SELECT run_id,
+           dense_rank() OVER (ORDER BY dataset_id, model, backend, prompt_style, decoding_json) AS pair_class
+    FROM runs
+    WHERE dataset_id IS NOT NULL AND model IS NOT NULL AND backend IS NOT NULL
+      AND prompt_style IS NOT NULL AND decoding_json IS NOT NULL
+),
+c AS (
+    SELECT s.*, rc.pair_class,
            regexp_extract(s.variant, '^k([0-9]+)_', 1)       AS clr_k,
            regexp_extract(s.variant, '^k[0-9]+_(.+)$', 1)    AS clr_task,
            coalesce(s.parsed_role = 'distractor', false)::INT                        AS sel_distractor,
@@ -18,11 +28,11 @@ WITH c AS (
            coalesce(s.parsed_role = 'abstain' AND s.parsed_framing = 'INA', false)::INT AS sel_ina,
            (s.parsed_role IS NULL)::INT                                              AS sel_unparsed
     FROM scored s
-    JOIN runs r USING (run_id)
+    LEFT JOIN rc USING (run_id)
     WHERE s.task = 'mcq' AND s.suite = 'clear' AND NOT starts_with(s.prompt_style, 'self_eval:')
 ),
 before AS (
-    SELECT dataset_id, model, backend, prompt_style, decoding_json, base_id, clr_k,
+    SELECT pair_class, base_id, clr_k,
            avg(sel_distractor) AS b_distractor,
            avg(sel_na)         AS b_na,
            avg(sel_idk)        AS b_idk,
@@ -33,16 +43,18 @@ before AS (
     GROUP BY ALL
 ),
 per_item AS (
-    SELECT run_id, item_id, base_id, dataset_id, decoding_json, clr_k, clr_task,
-           model, backend, prompt_style, suite, variant, config, k, framing, system_id, criterion_id,
-           condition, specialty, question_type, imaging_modality, difficulty,
+    SELECT run_id, item_id, {by_any}
+           any_value(pair_class)                                             AS pair_class,
+           any_value(base_id)                                                AS base_id,
+           any_value(clr_k)                                                  AS clr_k,
+           any_value(clr_task)                                               AS clr_task,
            avg(sel_distractor)                                               AS p_distractor,
            avg(sel_na)                                                       AS p_na,
            avg(CASE WHEN clr_task = 'na_idk' THEN sel_idk ELSE sel_ina END)  AS p_second,
            avg(sel_unparsed)                                                 AS p_unparsed
     FROM c
     WHERE clr_task IN ('na_idk', 'na_ina')
-    GROUP BY ALL
+    GROUP BY run_id, item_id
 ),
 pairs AS (
     SELECT a.*,
@@ -53,9 +65,7 @@ pairs AS (
            b.b_unparsed
     FROM per_item a
     LEFT JOIN before b
-           ON b.dataset_id = a.dataset_id AND b.model = a.model AND b.backend = a.backend
-          AND b.prompt_style = a.prompt_style AND b.decoding_json = a.decoding_json
-          AND b.base_id = a.base_id AND b.clr_k = a.clr_k
+           ON b.pair_class = a.pair_class AND b.base_id = a.base_id AND b.clr_k = a.clr_k
 ),
 agg AS (
     SELECT {by}

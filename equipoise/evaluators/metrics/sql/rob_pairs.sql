@@ -10,11 +10,23 @@
 -- Three TEMP views: rob_samples (both variants' samples with their uncertainty), rob_pairs (the
 -- pairs) and rob_base_unpaired (base samples with no perturbed partner: left out of the pairs, so
 -- the McNemar table reports how many there were instead of dropping them silently).
+-- The five run settings that must agree (dataset_id, model, backend, prompt_style, decoding_json)
+-- are all columns of `runs`, so they are numbered once per distinct combination over the few runs
+-- (pair_class; NULL when one of them is NULL, which `=` never matches either), and samples pair on
+-- (pair_class, base_id): a join on one integer and one string instead of six strings, and the
+-- samples need not carry the run settings at all.
 CREATE OR REPLACE TEMP VIEW rob_samples AS
-WITH s AS (  -- scored_probs: `scored` with the chosen option's probability, a per-sample fact
-    SELECT sc.*, r.decoding_json
+WITH rc AS (
+    SELECT run_id,
+           dense_rank() OVER (ORDER BY dataset_id, model, backend, prompt_style, decoding_json) AS pair_class
+    FROM runs
+    WHERE dataset_id IS NOT NULL AND model IS NOT NULL AND backend IS NOT NULL
+      AND prompt_style IS NOT NULL AND decoding_json IS NOT NULL
+),
+s AS (  -- scored_probs: `scored` with the chosen option's probability, a per-sample fact
+    SELECT sc.*, rc.pair_class
     FROM scored_probs sc
-    JOIN runs r USING (run_id)
+    LEFT JOIN rc USING (run_id)
     WHERE sc.sample_index = {sample_index}
       AND sc.variant IN ('{base_variant}', '{perturbed_variant}')
       AND NOT starts_with(sc.prompt_style, 'self_eval:')
@@ -36,8 +48,7 @@ SELECT {base_strata}
        q.uncertainty                AS perturbed_uncertainty
 FROM (SELECT * FROM rob_samples WHERE variant = '{base_variant}') b
 JOIN (SELECT * FROM rob_samples WHERE variant = '{perturbed_variant}') q
-  ON q.dataset_id = b.dataset_id AND q.model = b.model AND q.backend = b.backend
- AND q.prompt_style = b.prompt_style AND q.decoding_json = b.decoding_json AND q.base_id = b.base_id;
+  ON q.pair_class = b.pair_class AND q.base_id = b.base_id;
 
 CREATE OR REPLACE TEMP VIEW rob_base_unpaired AS
 SELECT {base_strata}
@@ -45,5 +56,4 @@ SELECT {base_strata}
        b.item_id                    AS base_item_id
 FROM (SELECT * FROM rob_samples WHERE variant = '{base_variant}') b
 ANTI JOIN (SELECT * FROM rob_samples WHERE variant = '{perturbed_variant}') q
-  ON q.dataset_id = b.dataset_id AND q.model = b.model AND q.backend = b.backend
- AND q.prompt_style = b.prompt_style AND q.decoding_json = b.decoding_json AND q.base_id = b.base_id;
+  ON q.pair_class = b.pair_class AND q.base_id = b.base_id;
