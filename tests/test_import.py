@@ -506,3 +506,28 @@ def test_a_first_import_and_a_resume_write_the_same_rows(nota, tmp_path):
     assert _stored(one) == _stored(two) == _stored(slow)
     for con in (one, two, slow):
         con.close()
+
+
+def test_parquet_run_columns_are_read_as_dictionaries(nota, tmp_path):
+    """The columnar path reads a Parquet file's run columns and parsed_label as dictionaries (a
+    near-constant 64-character id is not written out once per row) and free text plain; the rows
+    it writes from them are the record path's."""
+    import equipoise.evaluators.importer as imp
+
+    recs = [{k: v for k, v in r.items() if k != "option_logprobs"} for r in _records(nota)]
+    for r in recs:
+        r["parsed_label"] = r["raw_output"][-1]
+    f = tmp_path / "p.parquet"
+    pq.write_table(pa.Table.from_pylist(recs), f)
+    table, _ = imp._read_columns(f)
+    for name in ("model", "dataset_id", "config", "prompt_sha256", "parsed_label"):
+        assert pa.types.is_dictionary(table[name].type), name
+    assert table["item_id"].type == pa.string() and table["raw_output"].type == pa.string()
+    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
+    for con in (fast_con, slow_con):
+        register(con, nota, "plus_nota")
+    assert imp._fast_import(fast_con, f) is not None
+    import_predictions(slow_con, f, fast=False)
+    assert _stored(fast_con) == _stored(slow_con)
+    fast_con.close()
+    slow_con.close()
