@@ -531,3 +531,35 @@ def test_parquet_run_columns_are_read_as_dictionaries(nota, tmp_path):
     assert _stored(fast_con) == _stored(slow_con)
     fast_con.close()
     slow_con.close()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_file_without_token_logprobs_writes_what_the_checked_path_writes(nota, tmp_path, fmt):
+    """No record has token_logprobs: the columnar path writes the token columns as NULL without
+    the list functions (and n_output_tokens as given); the rows are the record path's."""
+    import equipoise.evaluators.importer as imp
+
+    recs = _records(nota)
+    for i, r in enumerate(recs):
+        r.pop("token_logprobs")
+        if i % 2:
+            r["n_output_tokens"] = 7
+    if fmt == "jsonl":
+        f = _write_jsonl(tmp_path / "p.jsonl", recs)
+    else:
+        f = tmp_path / "p.parquet"
+        # every key in the first row (from_pylist takes the columns from it): null where absent
+        rows = [
+            {"n_output_tokens": None, **{k: v for k, v in r.items() if k != "option_logprobs"}} for r in recs
+        ]
+        pq.write_table(pa.Table.from_pylist(rows), f)
+    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
+    for con in (fast_con, slow_con):
+        register(con, nota, "plus_nota")
+    assert imp._fast_import(fast_con, f) is not None
+    import_predictions(slow_con, f, fast=False)
+    assert _stored(fast_con) == _stored(slow_con)
+    tokens = fast_con.execute("SELECT DISTINCT n_output_tokens FROM predictions ORDER BY 1").fetchall()
+    assert tokens == [(7,), (None,)]
+    fast_con.close()
+    slow_con.close()

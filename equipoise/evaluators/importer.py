@@ -431,7 +431,8 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
     table = table.append_column("rn", pyarrow.array(np.arange(1, table.num_rows + 1, dtype=np.int64)))
     con.register("_imp", table)  # read in place (Arrow scan), never copied into a DuckDB table
     try:
-        return _fast_checked(con, labels)
+        # a file without token log-probabilities (tl all null) spares every row the list functions
+        return _fast_checked(con, labels, tokens=table["tl"].null_count < table.num_rows)
     except duckdb.Error:
         return None  # anything DuckDB refuses is left to the checked path to name
     finally:
@@ -444,12 +445,15 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
 _PAIR_SCANS = 16  # above this many (dataset, config) pairs, one scan of options for all of them
 
 
-def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSummary | None:
+def _fast_checked(
+    con: duckdb.DuckDBPyConnection, labels: list[str], tokens: bool = True
+) -> ImportSummary | None:
     """The set checks and the bulk write of :func:`_fast_import` (``_imp`` is the parsed file).
 
     Each check is the SQL twin of a rule of :class:`ImportedPrediction` or of the record-by-record
     loop; tests feed both paths the same crafted files. Checks that depend only on the run
-    columns run once per distinct run key, not once per record."""
+    columns run once per distinct run key, not once per record. ``tokens``: whether any record
+    has token log-probabilities (when none has, the token columns are written as NULL directly)."""
     lp = [f"lp_{i}" for i in range(len(labels))]
     row_ok = " AND ".join(
         [
@@ -672,14 +676,19 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
     if fused:
         label_ok = _labels_ok(has, pb, [f"i.{c}" for c in lp], bits_of_lp, parsed="i.parsed_label")
         outcome = f"CASE WHEN NOT ({label_ok}) THEN error({sql_literal(_LABEL_FAULT)}) ELSE {outcome} END"
+    if tokens:
+        token_cols = """list_sum(i.tl) AS token_logprob_sum, list_avg(i.tl) AS token_logprob_mean,
+               list_min(i.tl) AS token_logprob_min,
+               coalesce(i.n_output_tokens, nullif(len(i.tl), 0))::INTEGER AS n_output_tokens"""
+    else:  # what the list functions give for a null list, without running them
+        token_cols = """NULL::DOUBLE AS token_logprob_sum, NULL::DOUBLE AS token_logprob_mean,
+               NULL::DOUBLE AS token_logprob_min, i.n_output_tokens::INTEGER AS n_output_tokens"""
     pred_sql = f"""
         SELECT {run_col} AS run_id, i.item_id, i.sample_index::INTEGER AS sample_index, i.raw_output,
                coalesce(i.parsed_label, q.label) AS parsed_label,
                CASE WHEN i.parsed_label IS NULL THEN q.method ELSE 'imported' END AS parse_method,
                {outcome} AS outcome,
-               list_sum(i.tl) AS token_logprob_sum, list_avg(i.tl) AS token_logprob_mean,
-               list_min(i.tl) AS token_logprob_min,
-               coalesce(i.n_output_tokens, nullif(len(i.tl), 0))::INTEGER AS n_output_tokens,
+               {token_cols},
                i.latency_ms, NULL::VARCHAR AS error
         FROM {rows_src}
         {parsed_join}"""
