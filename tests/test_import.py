@@ -422,3 +422,144 @@ def test_the_columnar_parse_maps_the_file_only_for_the_null_scan(nota, tmp_path,
         assert _stored(fast_con) == _stored(slow_con)
         fast_con.close()
         slow_con.close()
+
+
+def _same_run_other_template(recs: list[dict]) -> None:
+    """Record 5 repeats record 1's item and sample under another prompt_template_id: a different
+    run key, but the same run (the run id leaves the template id out), so a repeated key."""
+    recs[4].update(
+        item_id=recs[0]["item_id"], sample_index=recs[0]["sample_index"], prompt_template_id="other"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "mutate"),
+    [*CRAFTED, ("same_run_other_template", _same_run_other_template)],
+    ids=[*(c[0] for c in CRAFTED), "same_run_other_template"],
+)
+def test_a_first_import_refuses_crafted_files_and_stores_nothing(nota, tmp_path, name, mutate):
+    """A run with no stored rows is appended with its item / label checks inside the predictions
+    INSERT (a failing record raises there and the transaction rolls back). Into an empty store
+    (that path) every crafted file is refused by the columnar path on its own, with the record
+    path's message, and leaves no row behind: no prediction, no score, no run."""
+    import equipoise.evaluators.importer as imp
+
+    con = _store(tmp_path, nota)
+    recs = _records(nota)
+    mutate(recs)
+    f = _write_jsonl(tmp_path / f"{name}.jsonl", recs)
+    assert imp._fast_import(con, f) is None
+    with pytest.raises(ImportError_, match=rf"{f}:5: "):
+        import_predictions(con, f)
+    for table in ("runs", "predictions", "option_scores"):
+        assert scalar(con, f"SELECT count(*) FROM {table}") == 0, table
+    con.close()
+
+
+@pytest.mark.parametrize("fault", ["unknown_option_label", "unknown_parsed_label", "unknown_item"])
+def test_a_label_fault_on_a_first_import_is_caught_by_the_insert(nota, tmp_path, monkeypatch, fault):
+    """The fused first-import path really checks labels inside the INSERT: the label fault reaches
+    the predictions INSERT (no earlier check refuses the file) and DuckDB's error() stops it."""
+    import equipoise.evaluators.importer as imp
+
+    raised = []
+    real = imp.insert_selects
+
+    def spy(*args, **kwargs):
+        try:
+            return real(*args, **kwargs)
+        except imp.duckdb.Error as exc:
+            raised.append(str(exc))
+            raise
+
+    monkeypatch.setattr(imp, "insert_selects", spy)
+    con = _store(tmp_path, nota)
+    recs = _records(nota)
+    for r in recs:  # labels given: no record needs the parser, which would look its item up first
+        r["parsed_label"] = r["raw_output"][-1]
+    dict(CRAFTED)[fault](recs)
+    f = _write_jsonl(tmp_path / "p.jsonl", recs)
+    assert imp._fast_import(con, f) is None
+    assert len(raised) == 1 and imp._LABEL_FAULT in raised[0]
+    assert scalar(con, "SELECT count(*) FROM runs") == 0
+    con.close()
+
+
+def test_a_first_import_and_a_resume_write_the_same_rows(nota, tmp_path):
+    """The fused path (no stored rows of the run) and the checked-then-appended path (a run with
+    stored rows) write identical rows: the same file imported whole into an empty store, and in
+    two halves (the second half a resume), gives the same tables, which are the record path's."""
+    import equipoise.evaluators.importer as imp
+
+    recs = _variety(nota)
+    whole = _write_jsonl(tmp_path / "whole.jsonl", recs)
+    head = _write_jsonl(tmp_path / "head.jsonl", recs[:3])
+    one = connect(tmp_path / "one.duckdb")
+    two = connect(tmp_path / "two.duckdb")
+    slow = connect(tmp_path / "slow.duckdb")
+    for con in (one, two, slow):
+        register(con, nota, "plus_nota")
+    assert imp._fast_import(one, whole).added == len(recs)
+    assert imp._fast_import(two, head).added == 3
+    assert imp._fast_import(two, whole).added == len(recs) - 3
+    import_predictions(slow, whole, fast=False)
+    assert _stored(one) == _stored(two) == _stored(slow)
+    for con in (one, two, slow):
+        con.close()
+
+
+def test_parquet_run_columns_are_read_as_dictionaries(nota, tmp_path):
+    """The columnar path reads a Parquet file's run columns and parsed_label as dictionaries (a
+    near-constant 64-character id is not written out once per row) and free text plain; the rows
+    it writes from them are the record path's."""
+    import equipoise.evaluators.importer as imp
+
+    recs = [{k: v for k, v in r.items() if k != "option_logprobs"} for r in _records(nota)]
+    for r in recs:
+        r["parsed_label"] = r["raw_output"][-1]
+    f = tmp_path / "p.parquet"
+    pq.write_table(pa.Table.from_pylist(recs), f)
+    table, _ = imp._read_columns(f)
+    for name in ("model", "dataset_id", "config", "prompt_sha256", "parsed_label"):
+        assert pa.types.is_dictionary(table[name].type), name
+    assert table["item_id"].type == pa.string() and table["raw_output"].type == pa.string()
+    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
+    for con in (fast_con, slow_con):
+        register(con, nota, "plus_nota")
+    assert imp._fast_import(fast_con, f) is not None
+    import_predictions(slow_con, f, fast=False)
+    assert _stored(fast_con) == _stored(slow_con)
+    fast_con.close()
+    slow_con.close()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_file_without_token_logprobs_writes_what_the_checked_path_writes(nota, tmp_path, fmt):
+    """No record has token_logprobs: the columnar path writes the token columns as NULL without
+    the list functions (and n_output_tokens as given); the rows are the record path's."""
+    import equipoise.evaluators.importer as imp
+
+    recs = _records(nota)
+    for i, r in enumerate(recs):
+        r.pop("token_logprobs")
+        if i % 2:
+            r["n_output_tokens"] = 7
+    if fmt == "jsonl":
+        f = _write_jsonl(tmp_path / "p.jsonl", recs)
+    else:
+        f = tmp_path / "p.parquet"
+        # every key in the first row (from_pylist takes the columns from it): null where absent
+        rows = [
+            {"n_output_tokens": None, **{k: v for k, v in r.items() if k != "option_logprobs"}} for r in recs
+        ]
+        pq.write_table(pa.Table.from_pylist(rows), f)
+    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
+    for con in (fast_con, slow_con):
+        register(con, nota, "plus_nota")
+    assert imp._fast_import(fast_con, f) is not None
+    import_predictions(slow_con, f, fast=False)
+    assert _stored(fast_con) == _stored(slow_con)
+    tokens = fast_con.execute("SELECT DISTINCT n_output_tokens FROM predictions ORDER BY 1").fetchall()
+    assert tokens == [(7,), (None,)]
+    fast_con.close()
+    slow_con.close()

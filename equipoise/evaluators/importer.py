@@ -17,8 +17,9 @@ every constraint above as a set operation (types, ranges, patterns, finiteness o
 run fields once per distinct run; stored dataset / item / labels through one bitmask of each
 item's options; repeated keys), then inserts the rows straight from SQL (option scores by one
 UNNEST pass over the records; a run with no stored rows yet is appended without the anti-join
-against stored keys); only records without a ``parsed_label`` go through the answer parser one
-by one. Whenever that path is not certain a file
+against stored keys, and its item / label checks run inside that INSERT, which raises and rolls
+the transaction back at the first failing record); only records without a ``parsed_label`` go
+through the answer parser one by one. Whenever that path is not certain a file
 is valid (any check fails, a type it does not expect, a ``null`` that JSON could mean as "absent"),
 it writes nothing and the record-by-record path (pydantic per record) runs instead and names the
 first problem by file, line and field. Both paths write identical rows (tested on files of every
@@ -55,6 +56,7 @@ from equipoise.evaluators.store import (
     OptionScoreRow,
     PredictionRow,
     RunRow,
+    _holds_runs,
     insert_batch,
     insert_selects,
     sql_literal,
@@ -245,6 +247,8 @@ def _fast_table(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
 
 _SAMPLE_BYTES = 1 << 20
 _DEFAULTED = ("backend", "prompt_style", "sample_index")
+# Parquet string columns read as dictionaries: the run key's and parsed_label (few values each)
+_DICTIONARY_COLUMNS = frozenset({*_RUN_KEY, "parsed_label"}) - {"temperature"}
 
 
 def _parse_jsonl(path: Path) -> pyarrow.Table:
@@ -319,7 +323,20 @@ def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
     allowed = set(ImportedPrediction.model_fields)
     try:
         if path.suffix == ".parquet":
-            table = pq.read_table(path)
+            # the run columns and parsed_label hold a handful of values in any real file: read
+            # as dictionaries (Arrow keeps Parquet's dictionary pages instead of writing a 64-char
+            # dataset id out a million times: about 0.25 of 0.35 CPU-s of the read at 1M rows),
+            # which DuckDB scans as they are. Free text (item_id, raw_output) is read plain: a
+            # dictionary of unique values would only cost a hash per row.
+            schema = pq.read_schema(path)
+            table = pq.read_table(
+                path,
+                read_dictionary=[
+                    f.name
+                    for f in schema
+                    if f.name in _DICTIONARY_COLUMNS and pyarrow.types.is_string(f.type)
+                ],
+            )
         else:
             table = _parse_jsonl(path)
             # the null-vs-absent regex over the whole text runs only when the columns leave it
@@ -348,14 +365,19 @@ def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
     for field in _SCALARS:
         if field.name in table.column_names:
             col = table[field.name]
-            if col.type != field.type:
+            if (
+                pyarrow.types.is_dictionary(col.type)
+                and col.type.value_type == field.type == pyarrow.string()
+            ):
+                pass  # a Parquet dictionary column (see above): DuckDB reads it as VARCHAR
+            elif col.type != field.type:
                 if not (pyarrow.types.is_integer(col.type) and pyarrow.types.is_integer(field.type)) and not (
                     pyarrow.types.is_floating(field.type)
                     and (pyarrow.types.is_integer(col.type) or pyarrow.types.is_floating(col.type))
                 ):
                     return None
                 col = col.cast(field.type)
-            if field.name in defaults:
+            if field.name in defaults and col.null_count:
                 col = pyarrow.compute.fill_null(col, defaults[field.name])
         elif field.name in defaults:
             col = pyarrow.repeat(pyarrow.scalar(defaults[field.name], field.type), table.num_rows)
@@ -409,7 +431,8 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
     table = table.append_column("rn", pyarrow.array(np.arange(1, table.num_rows + 1, dtype=np.int64)))
     con.register("_imp", table)  # read in place (Arrow scan), never copied into a DuckDB table
     try:
-        return _fast_checked(con, labels)
+        # a file without token log-probabilities (tl all null) spares every row the list functions
+        return _fast_checked(con, labels, tokens=table["tl"].null_count < table.num_rows)
     except duckdb.Error:
         return None  # anything DuckDB refuses is left to the checked path to name
     finally:
@@ -422,12 +445,15 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
 _PAIR_SCANS = 16  # above this many (dataset, config) pairs, one scan of options for all of them
 
 
-def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSummary | None:
+def _fast_checked(
+    con: duckdb.DuckDBPyConnection, labels: list[str], tokens: bool = True
+) -> ImportSummary | None:
     """The set checks and the bulk write of :func:`_fast_import` (``_imp`` is the parsed file).
 
     Each check is the SQL twin of a rule of :class:`ImportedPrediction` or of the record-by-record
     loop; tests feed both paths the same crafted files. Checks that depend only on the run
-    columns run once per distinct run key, not once per record."""
+    columns run once per distinct run key, not once per record. ``tokens``: whether any record
+    has token log-probabilities (when none has, the token columns are written as NULL directly)."""
     lp = [f"lp_{i}" for i in range(len(labels))]
     row_ok = " AND ".join(
         [
@@ -499,6 +525,7 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
                     for i in varying
                 },
                 "rix": pyarrow.array(rix, pyarrow.int32()),
+                "run_id": key_runs,
                 "pix": pyarrow.array([pix_of[k[6], k[7]] for k in keys], pyarrow.int32()),
             }
         )
@@ -528,20 +555,6 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
     whens = " ".join(f"WHEN {sql_literal(k)} THEN {v}" for k, v in bit_of.items())
     lbit = f"CASE label {whens} ELSE 0 END" if bit_of else "0"
     pbit = f"CASE i.parsed_label {whens} END" if bit_of else "NULL::BIGINT"
-    keep = ", ".join(
-        f"i.{c}"
-        for c in (
-            "rn",
-            "item_id",
-            "sample_index",
-            "raw_output",
-            "parsed_label",
-            "tl",
-            "n_output_tokens",
-            "latency_ms",
-            *lp,
-        )
-    )
     # the bits of each stored item's options (and of its abstain options) among the named labels,
     # for the items of the file's datasets; a record whose item is not there gets NULL. A file
     # names few (dataset, config) pairs: one scan per pair, filtered on constants (DuckDB skips
@@ -568,28 +581,60 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
         opt_sql = f"""SELECT p.pix, o.item_id, {bits}
                       FROM options o JOIN _imp_pairs p ON p.dataset_id = o.dataset_id AND p.config = o.config
                       GROUP BY p.pix, o.item_id"""
-    con.execute(
-        f"""CREATE OR REPLACE TEMP TABLE _imp_rows AS
-            SELECT {keep}, {rix_col} AS rix, o.has, o.abstain, {pbit} AS pbit
-            FROM _imp i {run_join}
-            LEFT JOIN ({opt_sql}) o ON o.pix = {pix_col} AND o.item_id = i.item_id"""
-    )
-    # every record's item is stored (has options), its parsed label and scored labels are options
-    # of it, and no (run, item, sample) repeats
-    label_ok = " AND ".join(
-        [
-            "has IS NOT NULL",
-            "(parsed_label IS NULL OR (has & pbit) <> 0)",
-            *(f"({c} IS NULL OR (has & {bit_of[lab]}) <> 0)" for c, lab in zip(lp, labels, strict=True)),
-        ]
-    )
-    bad, dups = con.execute(
-        f"""SELECT count(*) FILTER (WHERE NOT ({label_ok})),
-                   count(*) - count(DISTINCT (rix, item_id, sample_index))
-            FROM _imp_rows"""
-    ).fetchall()[0]
-    if bad or dups:
-        return None
+    # Where the stored options are matched. A run none of whose rows is stored yet (a first import:
+    # the common case) is appended with no anti-join, so the item / label checks ride on the
+    # insert itself: the predictions INSERT reads the records joined to their items' option bits
+    # and raises (DuckDB's error(), which aborts the statement and with it the transaction) at the
+    # first record that fails one; nothing is materialised and no second pass reads the join. A
+    # run with stored rows goes through the anti-join, whose filter DuckDB may apply before the
+    # projection (a failing record whose key is stored would then never be looked at), so there
+    # the joined rows are stored first and checked by their own query.
+    run_col = "k.run_id" if varying else sql_literal(run_list[0])
+    on_opts = f"LEFT JOIN ({opt_sql}) o ON o.pix = {pix_col} AND o.item_id = i.item_id"
+    bits_of_lp = [bit_of[lab] for lab in labels]
+    fused = not _holds_runs(con, "predictions", run_list)
+    if fused:
+        # no (run, item, sample) repeats, counted on the parsed records; by run, not by run key:
+        # two keys can name one run (a template id the run id leaves out, temperature null or 0).
+        # Distinct 64-bit hashes of the keys, not the keys (about half the CPU): equal keys hash
+        # equal, so a repeat is never missed; two keys that collide (odds about n^2 / 2^65) only
+        # send the file to the checked path, which finds no repeat and imports it
+        key = f"{rix_col}, i.item_id, i.sample_index"
+        if _one(con, f"SELECT count(*) - count(DISTINCT hash({key})) FROM _imp i {run_join}"):
+            return None
+        rows_src, score_src = f"_imp i {run_join} {on_opts}", f"_imp i {run_join}"
+        has, abstain, pb = "o.has", "o.abstain", pbit
+    else:
+        keep = ", ".join(
+            f"i.{c}"
+            for c in (
+                "rn",
+                "item_id",
+                "sample_index",
+                "raw_output",
+                "parsed_label",
+                "tl",
+                "n_output_tokens",
+                "latency_ms",
+                *lp,
+            )
+        )
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE _imp_rows AS
+                SELECT {keep}, {run_col} AS run_id, o.has, o.abstain, {pbit} AS pbit
+                FROM _imp i {run_join} {on_opts}"""
+        )
+        label_ok = _labels_ok("has", "pbit", lp, bits_of_lp)
+        bad, dups = con.execute(
+            f"""SELECT count(*) FILTER (WHERE NOT ({label_ok})),
+                       count(*) - count(DISTINCT (run_id, item_id, sample_index))
+                FROM _imp_rows"""
+        ).fetchall()[0]
+        if bad or dups:
+            return None
+        run_col = "i.run_id"
+        rows_src = score_src = "_imp_rows i"
+        has, abstain, pb = "i.has", "i.abstain", "i.pbit"
     # records without a parsed_label: Equipoise's own parser, one by one (it is Python), given
     # the item's labels in stored order as the record-by-record path gives them
     todo = con.execute(
@@ -601,7 +646,9 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
         for rn, raw, did, cfg, item in todo:
             if (did, cfg) not in options:
                 options[did, cfg] = _item_options(con, did, cfg)
-            labs = options[did, cfg][item]
+            labs = options[did, cfg].get(item)
+            if labs is None:
+                return None  # not stored (the fused path checks later): the checked path names it
             got = parse_answer(raw, tuple(labs))
             out["rn"].append(rn)
             out["label"].append(got.label)
@@ -619,56 +666,70 @@ def _fast_checked(con: duckdb.DuckDBPyConnection, labels: list[str]) -> ImportSu
                 }
             ),
         )
-        parsed_join = "LEFT JOIN _imp_parsed q USING (rn)"
+        parsed_join = "LEFT JOIN _imp_parsed q ON q.rn = i.rn"
     else:  # every record gave its label
         parsed_join = (
-            "LEFT JOIN (SELECT NULL::BIGINT, NULL, NULL, NULL) q(rn, label, method, outcome) USING (rn)"
+            "LEFT JOIN (SELECT NULL::BIGINT, NULL, NULL, NULL) q(rn, label, method, outcome) ON q.rn = i.rn"
         )
-    # the run id of each row: a literal when the file holds one run (no join at all), else a join
-    # of the small run index
-    if len(run_list) == 1:
-        run_src, run_col = "_imp_rows r", f"{sql_literal(run_list[0])} AS run_id"
-    else:
-        run_ids = pyarrow.table(
-            {"rix": pyarrow.array(range(len(run_list)), pyarrow.int32()), "run_id": run_list}
-        )
-        con.register("_imp_run_ids", run_ids)
-        run_src, run_col = "_imp_rows r JOIN _imp_run_ids n USING (rix)", "n.run_id"
-    try:
-        pred_cols = list(PredictionRow.model_fields)
-        pred_sql = f"""
-            SELECT {run_col}, r.item_id, r.sample_index::INTEGER AS sample_index, r.raw_output,
-                   coalesce(r.parsed_label, q.label) AS parsed_label,
-                   CASE WHEN r.parsed_label IS NULL THEN q.method ELSE 'imported' END AS parse_method,
-                   CASE WHEN r.parsed_label IS NULL THEN q.outcome
-                        WHEN (r.abstain & r.pbit) <> 0 THEN 'abstained' ELSE 'answered' END AS outcome,
-                   list_sum(r.tl) AS token_logprob_sum, list_avg(r.tl) AS token_logprob_mean,
-                   list_min(r.tl) AS token_logprob_min,
-                   coalesce(r.n_output_tokens, nullif(len(r.tl), 0))::INTEGER AS n_output_tokens,
-                   r.latency_ms, NULL::VARCHAR AS error
-            FROM {run_src}
-            {parsed_join}"""
-        selects = [("predictions", pred_cols, pred_sql)]
-        if labels:
-            # one pass over the rows, each fanned out to its scored labels by UNNEST (a UNION ALL
-            # of one scan per label read the rows once per label and wrote a sample's scores far
-            # apart); a label the record does not score is dropped by the outer filter
-            score_sql = f"""
-                SELECT * FROM (
-                    SELECT {run_col}, r.item_id, r.sample_index::INTEGER AS sample_index,
-                           unnest([{", ".join(sql_literal(lab) for lab in labels)}]) AS label,
-                           unnest([{", ".join(f"r.{c}" for c in lp)}]) AS logprob
-                    FROM {run_src})
-                WHERE logprob IS NOT NULL"""
-            selects.append(("option_scores", list(OptionScoreRow.model_fields), score_sql))
-        before = _one(con, "SELECT count(*) FROM predictions")
-        insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list)
-        after = _one(con, "SELECT count(*) FROM predictions")
-    finally:
-        if len(run_list) > 1:
-            con.unregister("_imp_run_ids")
-    n = _one(con, "SELECT count(*) FROM _imp_rows")
+    outcome = f"""CASE WHEN i.parsed_label IS NULL THEN q.outcome
+                       WHEN ({abstain} & {pb}) <> 0 THEN 'abstained' ELSE 'answered' END"""
+    if fused:
+        label_ok = _labels_ok(has, pb, [f"i.{c}" for c in lp], bits_of_lp, parsed="i.parsed_label")
+        outcome = f"CASE WHEN NOT ({label_ok}) THEN error({sql_literal(_LABEL_FAULT)}) ELSE {outcome} END"
+    if tokens:
+        token_cols = """list_sum(i.tl) AS token_logprob_sum, list_avg(i.tl) AS token_logprob_mean,
+               list_min(i.tl) AS token_logprob_min,
+               coalesce(i.n_output_tokens, nullif(len(i.tl), 0))::INTEGER AS n_output_tokens"""
+    else:  # what the list functions give for a null list, without running them
+        token_cols = """NULL::DOUBLE AS token_logprob_sum, NULL::DOUBLE AS token_logprob_mean,
+               NULL::DOUBLE AS token_logprob_min, i.n_output_tokens::INTEGER AS n_output_tokens"""
+    pred_sql = f"""
+        SELECT {run_col} AS run_id, i.item_id, i.sample_index::INTEGER AS sample_index, i.raw_output,
+               coalesce(i.parsed_label, q.label) AS parsed_label,
+               CASE WHEN i.parsed_label IS NULL THEN q.method ELSE 'imported' END AS parse_method,
+               {outcome} AS outcome,
+               {token_cols},
+               i.latency_ms, NULL::VARCHAR AS error
+        FROM {rows_src}
+        {parsed_join}"""
+    selects = [("predictions", list(PredictionRow.model_fields), pred_sql)]
+    if labels:
+        # one pass over the rows, each fanned out to its scored labels by UNNEST (a UNION ALL of
+        # one scan per label read the rows once per label and wrote a sample's scores far apart);
+        # a label the record does not score is dropped by the outer filter. The scores read the
+        # records alone: their labels are checked by the query above or by the predictions INSERT,
+        # which runs first in the same transaction
+        score_sql = f"""
+            SELECT * FROM (
+                SELECT {run_col} AS run_id, i.item_id, i.sample_index::INTEGER AS sample_index,
+                       unnest([{", ".join(sql_literal(lab) for lab in labels)}]) AS label,
+                       unnest([{", ".join(f"i.{c}" for c in lp)}]) AS logprob
+                FROM {score_src})
+            WHERE logprob IS NOT NULL"""
+        selects.append(("option_scores", list(OptionScoreRow.model_fields), score_sql))
+    before = _one(con, "SELECT count(*) FROM predictions")
+    insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list)
+    after = _one(con, "SELECT count(*) FROM predictions")
+    n = _one(con, "SELECT count(*) FROM _imp")
     return ImportSummary(rows=int(n), added=int(after - before), runs=sorted(runs))
+
+
+# the message of the error() the fused predictions INSERT raises (never shown: the checked path
+# then runs and names the record)
+_LABEL_FAULT = "equipoise import: a record's item or label is not stored"
+
+
+def _labels_ok(has: str, pbit: str, lp: list[str], bits: list[int], parsed: str = "parsed_label") -> str:
+    """SQL truth of: the record's item is stored (``has``, its option bits, is not NULL), and its
+    parsed label (bit ``pbit``) and every label it scores (columns ``lp``, bits ``bits``) are
+    options of that item."""
+    return " AND ".join(
+        [
+            f"{has} IS NOT NULL",
+            f"({parsed} IS NULL OR ({has} & {pbit}) <> 0)",
+            *(f"({c} IS NULL OR ({has} & {b}) <> 0)" for c, b in zip(lp, bits, strict=True)),
+        ]
+    )
 
 
 def _one(con: duckdb.DuckDBPyConnection, query: str) -> object:
