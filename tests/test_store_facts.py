@@ -302,3 +302,48 @@ def test_memory_capped_lowers_the_limit_for_the_block_only(tmp_path: Path) -> No
     with memory_capped(con, 8 * 2**30):  # a lower limit of the connection is kept
         assert con.execute(q).fetchall()[0] == before
     con.close()
+
+
+def test_a_pass_over_current_facts_caps_duckdb_memory_at_half_the_store(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from equipoise.evaluators.metrics import registry
+    from equipoise.evaluators.store import memory_bytes
+
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(store.read_bytes())
+    monkeypatch.setattr(registry, "PASS_MEMORY_FLOOR", 2**20)  # the test store is a few MB
+    q = "SELECT current_setting('memory_limit')"
+
+    def limit_after_prepare(**kw) -> int:
+        con = connect(path, read_only=True, **kw)
+        try:
+            prepare(con, materialize=True)
+            return memory_bytes(con.execute(q).fetchall()[0][0])
+        finally:
+            con.close()
+
+    default = memory_bytes(duckdb_default_limit())
+    assert limit_after_prepare() == pytest.approx(default, rel=0.01)  # no facts: no cap
+    con = connect(path)
+    facts.refresh(con)
+    con.close()
+    half = path.stat().st_size / 2
+    assert limit_after_prepare() == pytest.approx(half, rel=0.05)  # DuckDB shows 2 digits
+    # the floor: a store of a few MB gets 256 MiB (DuckDB needs a few MiB whatever the data) ...
+    monkeypatch.setattr(registry, "PASS_MEMORY_FLOOR", 256 * 2**20)
+    assert limit_after_prepare() == pytest.approx(256 * 2**20, rel=0.01)
+    # ... and a lower limit given by the caller (equipoise metrics --memory-limit) is kept
+    assert limit_after_prepare(memory_limit="100MB") == pytest.approx(10**8, rel=0.01)
+    got, used = _metrics(path, None)  # every metric computes under the cap
+    assert used and sum(len(df) for df in got.values()) > 100
+
+
+def duckdb_default_limit() -> str:
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        return con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    finally:
+        con.close()
