@@ -58,9 +58,10 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
 
 
 def _refresh_facts(con: Any) -> None:
-    """After a write: recompute the store's fact tables (what ``equipoise metrics`` reads) in one
-    pass. The predictions are already committed; should this fail, metrics still compute from the
-    source tables, so it is a warning, not an error."""
+    """After a write: recompute the store's fact tables (what ``equipoise metrics`` reads), in
+    batches of runs under a memory cap (``facts.refresh``). The predictions are already
+    committed; should this fail, metrics still compute from the source tables, so it is a
+    warning, not an error."""
     import duckdb
 
     from equipoise.evaluators.metrics import facts

@@ -258,3 +258,124 @@ def test_a_change_to_the_shared_tables_recomputes_every_fact(
         assert facts.refresh(con) is True
     assert calls == ["all"] and facts.current(con) is not None
     con.close()
+
+
+def test_a_refresh_in_batches_of_runs_gives_the_facts_of_one_pass(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, batched = tmp_path / "one.duckdb", tmp_path / "batched.duckdb"
+    one.write_bytes(store.read_bytes())
+    batched.write_bytes(store.read_bytes())
+    con = connect(one)
+    facts.refresh(con)
+    con.close()
+
+    con = connect(batched)
+    n_runs, n_pred = con.execute("SELECT count(DISTINCT run_id), count(*) FROM predictions").fetchall()[0]
+    assert n_runs >= 3
+    computed: list[str | None] = []
+    real = facts._compute
+
+    def spy(c, todo, create) -> None:
+        computed.append(todo)
+        real(c, todo, create)
+
+    with monkeypatch.context() as mp:
+        # about two runs' predictions per batch: several batches, each of whole runs
+        mp.setattr(facts, "BATCH_PREDICTIONS", 2 * n_pred // n_runs)
+        mp.setattr(facts, "_compute", spy)
+        assert facts.refresh(con) is True
+    assert len(computed) >= 2 and None not in computed
+    assert facts.current(con) is not None
+    con.close()
+
+    got, want = _fact_frames(batched), _fact_frames(one)
+    for t in facts.FACT_TABLES:
+        pd.testing.assert_frame_equal(got[t], want[t], obj=t)
+    a, used_a = _metrics(batched, None)
+    b, used_b = _metrics(one, None)
+    assert used_a and used_b
+    _assert_same(a, b)
+
+
+def test_batches_hold_whole_runs_in_run_order_and_a_large_run_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(
+        "CREATE TABLE predictions AS SELECT * FROM (VALUES ('a'), ('a'), ('b'), ('c'), ('c'), ('c'), "
+        "('c'), ('c'), ('d')) t(run_id)"
+    )
+    con.execute("CREATE TABLE runs AS SELECT * FROM (VALUES ('d'), ('c'), ('b'), ('a'), ('e')) t(run_id)")
+    monkeypatch.setattr(facts, "BATCH_PREDICTIONS", 3)
+    # a+b = 3 predictions; c (5) exceeds a batch and stands alone; d (1) and e (none) share one
+    assert facts._batches(con, "SELECT run_id FROM main.runs") == [["a", "b"], ["c"], ["d", "e"]]
+
+
+def test_memory_capped_lowers_the_limit_for_the_block_only(tmp_path: Path) -> None:
+    from equipoise.evaluators.store import memory_bytes, memory_capped
+
+    assert memory_bytes("18.8 GiB") == int(18.8 * 2**30) and memory_bytes("2GB") == 2 * 10**9
+    assert memory_bytes("134217728B") == 2**27 and memory_bytes("0 bytes") == 0
+    assert memory_bytes("3.7 GiB", midpoint=True) == int(3.75 * 2**30)
+    with pytest.raises(ValueError):
+        memory_bytes("lots")
+    con = connect(tmp_path / "s.duckdb")
+    q = "SELECT current_setting('memory_limit'), current_setting('preserve_insertion_order')"
+    con.execute("SET memory_limit = '4GB'")
+    before = con.execute(q).fetchall()[0]
+    with memory_capped(con, 2**30, preserve_insertion_order=False):
+        limit, order = con.execute(q).fetchall()[0]
+        assert memory_bytes(limit) == 2**30 and order is False
+    assert con.execute(q).fetchall()[0] == before
+    with memory_capped(con, 2**30):  # and again: no drift from a limit restored as shown
+        pass
+    assert con.execute(q).fetchall()[0] == before
+    with memory_capped(con, 8 * 2**30):  # a lower limit of the connection is kept
+        assert con.execute(q).fetchall()[0] == before
+    con.close()
+
+
+def test_a_pass_over_current_facts_caps_duckdb_memory_at_half_the_store(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from equipoise.evaluators.metrics import registry
+    from equipoise.evaluators.store import memory_bytes
+
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(store.read_bytes())
+    monkeypatch.setattr(registry, "PASS_MEMORY_FLOOR", 2**20)  # the test store is a few MB
+    q = "SELECT current_setting('memory_limit')"
+
+    def limit_after_prepare(**kw) -> int:
+        con = connect(path, read_only=True, **kw)
+        try:
+            prepare(con, materialize=True)
+            return memory_bytes(con.execute(q).fetchall()[0][0])
+        finally:
+            con.close()
+
+    default = memory_bytes(duckdb_default_limit())
+    assert limit_after_prepare() == pytest.approx(default, rel=0.01)  # no facts: no cap
+    con = connect(path)
+    facts.refresh(con)
+    con.close()
+    half = path.stat().st_size / 2
+    assert limit_after_prepare() == pytest.approx(half, rel=0.05)  # DuckDB shows 2 digits
+    # the floor: a store of a few MB gets 256 MiB (DuckDB needs a few MiB whatever the data) ...
+    monkeypatch.setattr(registry, "PASS_MEMORY_FLOOR", 256 * 2**20)
+    assert limit_after_prepare() == pytest.approx(256 * 2**20, rel=0.01)
+    # ... and a lower limit given by the caller (equipoise metrics --memory-limit) is kept
+    assert limit_after_prepare(memory_limit="100MB") == pytest.approx(10**8, rel=0.01)
+    got, used = _metrics(path, None)  # every metric computes under the cap
+    assert used and sum(len(df) for df in got.values()) > 100
+
+
+def duckdb_default_limit() -> str:
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        return con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    finally:
+        con.close()

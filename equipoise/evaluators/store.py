@@ -31,9 +31,11 @@ which works on a copy and swaps it in only when every step succeeded.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -322,6 +324,73 @@ def sql_literal(text: str) -> str:
     """``text`` as a SQL string literal (single quotes doubled): for values spliced into SQL that
     DuckDB cannot take as parameters (a COPY target, an IN list built once for several queries)."""
     return "'" + text.replace("'", "''") + "'"
+
+
+_UNITS = {
+    "b": 1,
+    "bytes": 1,
+    "byte": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def memory_bytes(text: str, midpoint: bool = False) -> int:
+    """A DuckDB memory size (``'18.8 GiB'``, ``'2GB'``, ``'134217728B'``, ``'0 bytes'``) in bytes;
+    with ``midpoint``, the middle of the sizes that show as ``text`` (DuckDB truncates to the last
+    shown digit: ``'18.8 GiB'`` is 18.8 to 18.9 GiB), so a limit set from it shows the same."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", text)
+    unit = (m.group(2) or "b").lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"memory size {text!r}: expected a number and a unit such as MiB or GB")
+    number = m.group(1)
+    half_step = 0.5 * 10 ** -len(number.partition(".")[2]) if midpoint else 0.0
+    return int((float(number) + half_step) * _UNITS[unit])
+
+
+def file_backed(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the connection's database is a file (so DuckDB can spill to ``<file>.tmp``)."""
+    return (
+        scalar(con, "SELECT path FROM duckdb_databases() WHERE database_name = current_database()")
+        is not None
+    )
+
+
+@contextlib.contextmanager
+def memory_capped(
+    con: duckdb.DuckDBPyConnection, cap_bytes: int, preserve_insertion_order: bool | None = None
+) -> Iterator[None]:
+    """Within the block, DuckDB's ``memory_limit`` is at most ``cap_bytes`` (a lower limit the
+    connection already has is kept) and, when given, ``preserve_insertion_order`` is set; both are
+    restored after it. Why: DuckDB's default limit is 80% of RAM and its buffer pool keeps every
+    block it read or wrote until that limit presses, so a long job's RSS grows with the data it
+    touches, not with what it needs; under a cap it evicts clean blocks and spills operators to the
+    store's temporary folder. Only for file-backed databases (an in-memory one has no such folder);
+    elsewhere it changes nothing. A lowered limit is restored to within 0.05 of the unit DuckDB
+    shows it in (it shows no more: ``'18.8 GiB'``)."""
+    if not file_backed(con):
+        yield
+        return
+    limit, order = con.execute(
+        "SELECT current_setting('memory_limit'), current_setting('preserve_insertion_order')"
+    ).fetchall()[0]
+    lower = memory_bytes(limit) > cap_bytes
+    try:
+        if lower:
+            con.execute(f"SET memory_limit = '{int(cap_bytes)}B'")
+        if preserve_insertion_order is not None:
+            con.execute(f"SET preserve_insertion_order = {str(preserve_insertion_order).lower()}")
+        yield
+    finally:
+        if lower:  # DuckDB shows the limit truncated: restore the middle of what it shows
+            con.execute(f"SET memory_limit = '{memory_bytes(limit, midpoint=True)}B'")
+        con.execute(f"SET preserve_insertion_order = {str(bool(order)).lower()}")
 
 
 class StoreLockedError(RuntimeError):

@@ -48,7 +48,7 @@ import hashlib
 
 import duckdb
 
-from equipoise.evaluators.store import scalar
+from equipoise.evaluators.store import memory_capped, scalar, sql_literal
 
 SOURCE_TABLES: tuple[str, ...] = ("datasets", "items", "options", "runs", "predictions", "option_scores")
 # tables whose rows each belong to one run (their facts can be refreshed run by run) ...
@@ -66,6 +66,21 @@ FACT_TABLES: tuple[str, ...] = (
     "facts_sampling_pools",
 )
 META_KEY = "facts_fingerprint"
+# Predictions per batch of a refresh: runs are computed in batches of about this many predictions
+# (whole runs, in run_id order; a larger run is a batch alone). Why: computed in one statement, the
+# joins, window functions and new tables of every run are in memory at once, and a 10M-prediction
+# store's refresh peaked at 19 GiB; a fact row depends only on its own run (module docstring), so
+# batches give the same rows with a working set of one batch. Stores up to this size take one pass.
+# The price is CPU: 46.5 instead of 38 CPU s at 1M (2 shared cores under load), per-batch joins
+# against the shared tables; a larger batch costs less CPU and more memory (2M in one pass does
+# not fit REFRESH_MEMORY_LIMIT).
+BATCH_PREDICTIONS = 500_000
+# DuckDB memory_limit while refreshing (a lower limit of the connection is kept). Why: without it
+# the buffer pool keeps every block the refresh reads and writes (the facts are as large as the
+# source tables), up to DuckDB's default of 80% of RAM; with it, clean blocks are evicted and what
+# does not fit spills to <store>.tmp. 2 GiB holds a batch's working set with room to spare
+# (about 1.5 GiB measured at 500k predictions), so the limit bounds the peak without spilling much.
+REFRESH_MEMORY_LIMIT = 2 * 2**30
 # bump when the meaning of a fact changes in a way the SQL text does not show
 # 2: facts_scored holds the per-sample columns of scored_probs; 3: facts_unc_scores_<pool> hold the
 # md5 split bits and the item's rank in its run
@@ -157,7 +172,9 @@ def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> bool:
     Incremental when it can be: with facts present, the shared tables and definitions unchanged
     (``SHARED_KEY``) and per-run fingerprints on record, only the runs whose source rows changed,
     appeared or vanished are deleted and recomputed (a new run on a large store costs that run,
-    not the store). Otherwise, or with ``force``, every fact is recomputed.
+    not the store). Otherwise, or with ``force``, every fact is recomputed. Either way runs are
+    computed in batches of ``BATCH_PREDICTIONS`` predictions under ``REFRESH_MEMORY_LIMIT``, so
+    the peak memory depends on the batch, not on the store's size.
     """
     fp = fingerprint(con)
     stored = stored_fingerprint(con)
@@ -176,17 +193,20 @@ def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> bool:
     # that are simply not used (metrics compute from the source tables) until the next refresh,
     # which then recomputes everything (the shared fingerprint is removed with it).
     con.execute("DELETE FROM main.store_meta WHERE key IN (?, ?)", [META_KEY, SHARED_KEY])
-    con.execute(f"CREATE OR REPLACE TEMP TABLE _facts_runs_now AS {_run_fingerprints_sql(con)}")
-    try:
-        if incremental:
-            _refresh_runs(con)
-        else:
-            _refresh_all(con)
-        con.execute(
-            f"CREATE OR REPLACE TABLE main.{RUNS_TABLE} AS SELECT * FROM _facts_runs_now ORDER BY run_id"
-        )
-    finally:
-        con.execute("DROP TABLE IF EXISTS _facts_runs_now")
+    # insertion order off: a fact table's row order carries no meaning (readers group or order),
+    # and keeping it makes DuckDB buffer a whole CREATE TABLE AS before writing it
+    with memory_capped(con, REFRESH_MEMORY_LIMIT, preserve_insertion_order=False):
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _facts_runs_now AS {_run_fingerprints_sql(con)}")
+        try:
+            if incremental:
+                _refresh_runs(con)
+            else:
+                _refresh_all(con)
+            con.execute(
+                f"CREATE OR REPLACE TABLE main.{RUNS_TABLE} AS SELECT * FROM _facts_runs_now ORDER BY run_id"
+            )
+        finally:
+            con.execute("DROP TABLE IF EXISTS _facts_runs_now")
     con.execute(
         "INSERT OR REPLACE INTO main.store_meta VALUES (?, ?), (?, ?)", [META_KEY, fp, SHARED_KEY, shared]
     )
@@ -203,11 +223,11 @@ def _live_views(con: duckdb.DuckDBPyConnection, suffix: str) -> None:
     con.execute(sql)
 
 
-def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
-    """Fill the fact tables from the source tables: every fact, replacing the tables (``todo``
-    None), or only the rows of the runs the SQL predicate ``todo`` selects, appended (their old
-    rows are already deleted). The per-item uncertainty scores read the fact rows just written,
-    not the joins again (less memory at 10M)."""
+def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> None:
+    """Fill the fact tables from the source tables with the rows of every run (``todo`` None) or of
+    the runs the SQL predicate ``todo`` selects: replacing the tables (``create``) or appended to
+    them (the runs' old rows are already deleted). The per-item uncertainty scores read the fact
+    rows just written, not the joins again (less memory at 10M)."""
     from equipoise.evaluators.metrics.conformal import sampling_pools_sql
     from equipoise.evaluators.metrics.registry import (
         SCORED_PROBS_COLUMNS,
@@ -219,7 +239,7 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
     where = "" if todo is None else f" WHERE {todo}"
 
     def fill(table: str, query: str) -> None:
-        if todo is None:
+        if create:
             con.execute(f"CREATE OR REPLACE TABLE main.{table} AS {query}")
         else:
             con.execute(f"INSERT INTO main.{table} BY NAME {query}")
@@ -256,12 +276,44 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None) -> None:
         )
 
 
+def _batches(con: duckdb.DuckDBPyConnection, runs_sql: str) -> list[list[str]]:
+    """The run ids that ``runs_sql`` (a SELECT of ``run_id``) gives, in run_id order, grouped into
+    batches of at most ``BATCH_PREDICTIONS`` predictions (a larger run is a batch of its own)."""
+    rows = con.execute(
+        f"""SELECT r.run_id, count(p.run_id) FROM ({runs_sql}) r
+            LEFT JOIN main.predictions p USING (run_id) GROUP BY r.run_id ORDER BY r.run_id"""
+    ).fetchall()
+    batches: list[list[str]] = []
+    size = 0
+    for run_id, n in rows:
+        if not batches or (size + n > BATCH_PREDICTIONS and batches[-1]):
+            batches.append([])
+            size = 0
+        batches[-1].append(run_id)
+        size += n
+    return batches
+
+
+def _run_predicate(run_ids: list[str]) -> str:
+    """``run_id IN (...)`` with the ids as literals: a constant list DuckDB pushes into the scans
+    of predictions and option_scores (a subquery would be a join after scanning every row)."""
+    return f"run_id IN ({', '.join(sql_literal(r) for r in run_ids)})"
+
+
 def _refresh_all(con: duckdb.DuckDBPyConnection) -> None:
-    _compute(con, None)
+    """Recompute every fact: in one pass when the store has at most one batch of predictions,
+    else batch by batch of runs, the first batch creating the tables (``BATCH_PREDICTIONS``)."""
+    batches = _batches(con, "SELECT run_id FROM main.runs")
+    if len(batches) <= 1:
+        _compute(con, None, create=True)
+        return
+    for i, batch in enumerate(batches):
+        _compute(con, _run_predicate(batch), create=i == 0)
 
 
 def _refresh_runs(con: duckdb.DuckDBPyConnection) -> None:
-    """Recompute the facts of the runs whose fingerprint differs from the one on record."""
+    """Recompute the facts of the runs whose fingerprint differs from the one on record, batch by
+    batch of runs (``BATCH_PREDICTIONS``)."""
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _facts_stale AS
             SELECT coalesce(n.run_id, o.run_id) AS run_id, n.run_id IS NOT NULL AS present
@@ -271,6 +323,7 @@ def _refresh_runs(con: duckdb.DuckDBPyConnection) -> None:
     try:
         for t in FACT_TABLES:
             con.execute(f"DELETE FROM main.{t} WHERE run_id IN (SELECT run_id FROM _facts_stale)")
-        _compute(con, "run_id IN (SELECT run_id FROM _facts_stale WHERE present)")
+        for batch in _batches(con, "SELECT run_id FROM _facts_stale WHERE present"):
+            _compute(con, _run_predicate(batch), create=False)
     finally:
         con.execute("DROP TABLE IF EXISTS _facts_stale")
