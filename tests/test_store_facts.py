@@ -365,8 +365,9 @@ def test_a_pass_over_current_facts_caps_duckdb_memory_at_half_the_store(
     # the floor: a store of a few MB gets 256 MiB (DuckDB needs a few MiB whatever the data) ...
     monkeypatch.setattr(registry, "PASS_MEMORY_FLOOR", 256 * 2**20)
     assert limit_after_prepare() == pytest.approx(256 * 2**20, rel=0.01)
-    # ... and a lower limit given by the caller (equipoise metrics --memory-limit) is kept
+    # ... and a limit given by the caller (equipoise metrics --memory-limit) is kept, lower or higher
     assert limit_after_prepare(memory_limit="100MB") == pytest.approx(10**8, rel=0.01)
+    assert limit_after_prepare(memory_limit="4GiB") == pytest.approx(4 * 2**30, rel=0.01)
     got, used = _metrics(path, None)  # every metric computes under the cap
     assert used and sum(len(df) for df in got.values()) > 100
 

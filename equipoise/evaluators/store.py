@@ -393,6 +393,15 @@ def memory_capped(
         con.execute(f"SET preserve_insertion_order = {str(bool(order)).lower()}")
 
 
+# connection variable set by ``connect`` when its caller chose the memory limit (see ``connect``)
+MEMORY_LIMIT_VAR = "equipoise_memory_limit_chosen"
+
+
+def memory_limit_chosen(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the connection's memory limit was chosen by its caller (``connect(memory_limit=)``)."""
+    return bool(scalar(con, f"SELECT coalesce(getvariable('{MEMORY_LIMIT_VAR}'), false)"))
+
+
 class StoreLockedError(RuntimeError):
     """Another process holds the store's write lock (DuckDB allows one writer per file)."""
 
@@ -409,8 +418,10 @@ def connect(
     ``memory_limit`` (DuckDB syntax, e.g. ``"2GB"``) caps DuckDB's buffer memory for this
     connection; what does not fit (materialized metric tables, sorts, hash tables) spills to
     ``<store>.tmp`` next to the store and is removed when the connection closes. Without it DuckDB
-    takes 80% of RAM, which is fastest but lets a metrics pass over a large store use more memory
-    than the store file. An invalid value raises ``ValueError`` naming it.
+    takes 80% of RAM, and a metrics pass over current facts then caps itself at half the store
+    file (``registry.cap_pass_memory``); a limit given here is the caller's choice, higher or lower,
+    and the pass keeps it (the connection variable ``MEMORY_LIMIT_VAR`` records it). An invalid
+    value raises ``ValueError`` naming it.
     """
     config: dict[str, str] = {}
     if memory_limit is not None:
@@ -429,6 +440,8 @@ def connect(
                 f"{path}: another process is writing this store; wait for it to finish and run again"
             ) from exc
         raise
+    if memory_limit is not None:
+        con.execute(f"SET VARIABLE {MEMORY_LIMIT_VAR} = true")
     try:
         current = store_version(con)
         if current > SCHEMA_VERSION:

@@ -146,8 +146,9 @@ PASS_MEMORY_FLOOR = 256 * 2**20
 
 def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
     """Lower DuckDB's memory_limit for a metrics pass over a store's fact tables to half the store
-    file's size (at least ``PASS_MEMORY_FLOOR``; a lower limit of the connection is kept), for the
-    rest of the connection.
+    file's size (at least ``PASS_MEMORY_FLOOR``; a lower limit of the connection is kept, and a limit
+    its caller chose through ``store.connect(memory_limit=)``, e.g. ``--memory-limit``, higher or
+    lower, is left alone), for the rest of the connection.
 
     Why: with DuckDB's default (80% of RAM) nothing is ever evicted, so a pass's RSS grows metric by
     metric with every store block it read and every cache it made (1,009 MiB at 1M predictions, a
@@ -158,10 +159,10 @@ def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
     unc_scores spill): a trade of time for memory that ``PASS_MEMORY_SHARE`` sets. Applied
     by ``prepare`` only when it reads current facts (a pass that materializes the base relations
     itself holds TEMP tables about the store's size and would spill them)."""
-    from equipoise.evaluators.store import file_backed, memory_bytes
+    from equipoise.evaluators.store import file_backed, memory_bytes, memory_limit_chosen
 
-    if not file_backed(con):
-        return
+    if not file_backed(con) or memory_limit_chosen(con):
+        return  # in memory: nowhere to spill; chosen by the caller (--memory-limit): theirs to set
     path = scalar(con, "SELECT path FROM duckdb_databases() WHERE database_name = current_database()")
     spill = Path(str(scalar(con, "SELECT current_setting('temp_directory')")))
     if not os.access(spill if spill.exists() else spill.parent, os.W_OK):
