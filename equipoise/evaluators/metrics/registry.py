@@ -196,6 +196,11 @@ def _check_by(by: Sequence[str]) -> list[str]:
     return list(by)
 
 
+# the runs' pairing class (sql/run_pair_class.sql), a fragment every metric's SQL may include as
+# {run_class}: the pairing metrics (CLEAR and robustness) number runs the same way
+RUN_CLASS_SQL = (SQL_DIR / "run_pair_class.sql").read_text(encoding="utf-8").strip()
+
+
 def render_sql(metric: Metric, by: Sequence[str], params: dict | None = None) -> str:
     assert metric.sql is not None
     text = (SQL_DIR / metric.sql).read_text(encoding="utf-8")
@@ -205,6 +210,7 @@ def render_sql(metric: Metric, by: Sequence[str], params: dict | None = None) ->
         by=", ".join(by) + ("," if by else ""),
         group_by=("GROUP BY " + ", ".join(by)) if by else "",
         by_list=", ".join(by) if by else "NULL",
+        run_class=RUN_CLASS_SQL,
         **values,
     )
 

@@ -72,6 +72,7 @@ import pandas as pd
 
 from equipoise.evaluators.metrics.registry import (
     REGISTRY,
+    RUN_CLASS_SQL,
     SQL_DIR,
     Metric,
     _check_by,
@@ -159,6 +160,7 @@ def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str])
         sample_index=sample_index,
         uncertainty_expr=expr,
         uncertainty_doc=doc,
+        run_class=RUN_CLASS_SQL,
     )
     if not _materialized(con):
         con.execute(sql)

@@ -16,11 +16,7 @@
 -- primary key (dataset_id, config, item_id)), so any_value reads the one value each has and no
 -- stratum the grouping does not name is read at all.
 WITH rc AS (
-    SELECT run_id,
-           dense_rank() OVER (ORDER BY dataset_id, model, backend, prompt_style, decoding_json) AS pair_class
-    FROM runs
-    WHERE dataset_id IS NOT NULL AND model IS NOT NULL AND backend IS NOT NULL
-      AND prompt_style IS NOT NULL AND decoding_json IS NOT NULL
+{run_class}
 ),
 c AS (
     SELECT s.*, rc.pair_class,

@@ -12,11 +12,7 @@
 -- NULL when one is NULL), after items grouped by their key (run_id, item_id) alone with any_value of
 -- the columns that are functions of it (the strata of the grouping: {{by_any}}).
 WITH rc AS (
-    SELECT run_id,
-           dense_rank() OVER (ORDER BY dataset_id, model, backend, prompt_style, decoding_json) AS pair_class
-    FROM runs
-    WHERE dataset_id IS NOT NULL AND model IS NOT NULL AND backend IS NOT NULL
-      AND prompt_style IS NOT NULL AND decoding_json IS NOT NULL
+{run_class}
 ),
 c AS (
     SELECT s.*, rc.pair_class,

@@ -17,11 +17,7 @@
 -- samples need not carry the run settings at all.
 CREATE OR REPLACE TEMP VIEW rob_samples AS
 WITH rc AS (
-    SELECT run_id,
-           dense_rank() OVER (ORDER BY dataset_id, model, backend, prompt_style, decoding_json) AS pair_class
-    FROM runs
-    WHERE dataset_id IS NOT NULL AND model IS NOT NULL AND backend IS NOT NULL
-      AND prompt_style IS NOT NULL AND decoding_json IS NOT NULL
+{run_class}
 ),
 s AS (  -- scored_probs: `scored` with the chosen option's probability, a per-sample fact
     SELECT sc.*, rc.pair_class
