@@ -153,6 +153,25 @@ def _stored(con) -> dict[str, list[tuple]]:
     }
 
 
+def _columnar_equals_record_path(nota, tmp_path, f) -> dict[str, list[tuple]]:
+    """Import ``f`` into two fresh stores, through the columnar path (which must take it) and
+    through the record-by-record path; assert both stored the same rows, and return them."""
+    import equipoise.evaluators.importer as imp
+
+    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
+    try:
+        for con in (fast_con, slow_con):
+            register(con, nota, "plus_nota")
+        assert imp._fast_import(fast_con, f) is not None
+        import_predictions(slow_con, f, fast=False)
+        stored = _stored(fast_con)
+        assert stored == _stored(slow_con)
+        return stored
+    finally:
+        fast_con.close()
+        slow_con.close()
+
+
 def _variety(nota) -> list[dict]:
     """Valid records in every shape the format allows: parser-labelled and given labels, an
     abstain option, no scores, no token log-probs, defaults given and left out, a temperature,
@@ -359,14 +378,7 @@ def test_types_taken_from_the_head_of_the_file_never_change_the_result(nota, tmp
     for r in recs[6:]:
         late(r)
     f = _write_jsonl(tmp_path / "p.jsonl", recs)
-    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
-    for con in (fast_con, slow_con):
-        register(con, nota, "plus_nota")
-    assert imp._fast_import(fast_con, f) is not None
-    import_predictions(slow_con, f, fast=False)
-    assert _stored(fast_con) == _stored(slow_con)
-    fast_con.close()
-    slow_con.close()
+    _columnar_equals_record_path(nota, tmp_path, f)
 
 
 def test_an_explicit_null_after_the_sample_is_still_refused(nota, tmp_path, monkeypatch):
@@ -523,21 +535,13 @@ def test_parquet_run_columns_are_read_as_dictionaries(nota, tmp_path):
     for name in ("model", "dataset_id", "config", "prompt_sha256", "parsed_label"):
         assert pa.types.is_dictionary(table[name].type), name
     assert table["item_id"].type == pa.string() and table["raw_output"].type == pa.string()
-    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
-    for con in (fast_con, slow_con):
-        register(con, nota, "plus_nota")
-    assert imp._fast_import(fast_con, f) is not None
-    import_predictions(slow_con, f, fast=False)
-    assert _stored(fast_con) == _stored(slow_con)
-    fast_con.close()
-    slow_con.close()
+    _columnar_equals_record_path(nota, tmp_path, f)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_a_file_without_token_logprobs_writes_what_the_checked_path_writes(nota, tmp_path, fmt):
     """No record has token_logprobs: the columnar path writes the token columns as NULL without
     the list functions (and n_output_tokens as given); the rows are the record path's."""
-    import equipoise.evaluators.importer as imp
 
     recs = _records(nota)
     for i, r in enumerate(recs):
@@ -553,13 +557,11 @@ def test_a_file_without_token_logprobs_writes_what_the_checked_path_writes(nota,
             {"n_output_tokens": None, **{k: v for k, v in r.items() if k != "option_logprobs"}} for r in recs
         ]
         pq.write_table(pa.Table.from_pylist(rows), f)
-    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
-    for con in (fast_con, slow_con):
-        register(con, nota, "plus_nota")
-    assert imp._fast_import(fast_con, f) is not None
-    import_predictions(slow_con, f, fast=False)
-    assert _stored(fast_con) == _stored(slow_con)
-    tokens = fast_con.execute("SELECT DISTINCT n_output_tokens FROM predictions ORDER BY 1").fetchall()
-    assert tokens == [(7,), (None,)]
-    fast_con.close()
-    slow_con.close()
+    stored = _columnar_equals_record_path(nota, tmp_path, f)
+    # n_output_tokens: given (7) or absent (NULL); a column of predictions
+    con = connect(tmp_path / "fast.duckdb", read_only=True)
+    try:
+        tokens = con.execute("SELECT DISTINCT n_output_tokens FROM predictions ORDER BY 1").fetchall()
+    finally:
+        con.close()
+    assert stored["predictions"] and tokens == [(7,), (None,)]

@@ -10,6 +10,9 @@ groupings and parameters, after the cache was filled by a different grouping and
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import duckdb
 import pandas as pd
 import pytest
@@ -76,29 +79,45 @@ def test_calibration_caches_match_the_views(store, name, by, params):
     _check(store, name, by, params, prime, "_cal_samples_")
 
 
-@pytest.mark.parametrize("by", BYS)
-@pytest.mark.parametrize("params", CAL_PARAMS)
-def test_aurc_and_prr_share_their_query_rows(store, by, params):
-    """aurc and prr keep the rows of their shared query per (confidence, samples, by): whichever
-    runs second reads the first one's rows and still gives the numbers of the plain views."""
+@contextlib.contextmanager
+def _plain_and_prepared(store) -> Iterator[tuple[duckdb.DuckDBPyConnection, duckdb.DuckDBPyConnection]]:
+    """Two read-only connections to ``store``: one with the plain views (no caches), one prepared
+    for a pass (fixed relations, so the metrics keep their caches)."""
     _load_all()
     views = duckdb.connect(str(store), read_only=True)
     tables = duckdb.connect(str(store), read_only=True)
     try:
         prepare(tables, materialize=True)
-        for first, second in (("aurc", "prr"), ("prr", "aurc")):
-            compute(tables, first, by, {"confidence": "token_mean"})  # another key: must not be served
-            compute(tables, first, by, params)
-            a = compute(views, second, by, params)
-            b = compute(tables, second, by, params)
-            pd.testing.assert_frame_equal(
-                a.reset_index(drop=True), b.reset_index(drop=True), check_exact=False, rtol=1e-12
-            )
-        kept = "SELECT count(*) FROM duckdb_tables() WHERE temporary AND starts_with(table_name, ?)"
-        n = tables.execute(kept, ["_cal_selective_"]).fetchone()[0]
+        yield views, tables
     finally:
         views.close()
         tables.close()
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    """The cached connection's frame equals the plain views' frame (to summation-order rounding)."""
+    pd.testing.assert_frame_equal(
+        a.reset_index(drop=True), b.reset_index(drop=True), check_exact=False, rtol=1e-12
+    )
+
+
+def _kept(con: duckdb.DuckDBPyConnection, prefix: str) -> int:
+    """How many TEMP tables whose name starts with ``prefix`` the connection holds (cache entries)."""
+    q = "SELECT count(*) FROM duckdb_tables() WHERE temporary AND starts_with(table_name, ?)"
+    return con.execute(q, [prefix]).fetchone()[0]
+
+
+@pytest.mark.parametrize("by", BYS)
+@pytest.mark.parametrize("params", CAL_PARAMS)
+def test_aurc_and_prr_share_their_query_rows(store, by, params):
+    """aurc and prr keep the rows of their shared query per (confidence, samples, by): whichever
+    runs second reads the first one's rows and still gives the numbers of the plain views."""
+    with _plain_and_prepared(store) as (views, tables):
+        for first, second in (("aurc", "prr"), ("prr", "aurc")):
+            compute(tables, first, by, {"confidence": "token_mean"})  # another key: must not be served
+            compute(tables, first, by, params)
+            _same(compute(views, second, by, params), compute(tables, second, by, params))
+        n = _kept(tables, "_cal_selective_")
     assert n == 2  # one per key: (token_mean, by) and (params, by)
 
 
@@ -106,27 +125,15 @@ def test_aurc_and_prr_share_their_query_rows(store, by, params):
 def test_ece_and_reliability_bins_are_kept_per_bin_count(store, by):
     """ece and reliability read one per-bin TEMP table per (confidence, samples, by, n_bins): after
     one bin count filled it, another bin count, and the other metric, still give the views' numbers."""
-    _load_all()
-    views = duckdb.connect(str(store), read_only=True)
-    tables = duckdb.connect(str(store), read_only=True)
-    try:
-        prepare(tables, materialize=True)
+    with _plain_and_prepared(store) as (views, tables):
         for name, params in (
             ("ece", {}),
             ("reliability", {}),
             ("reliability", {"n_bins": 7}),
             ("ece", {"n_bins": 7}),
         ):
-            a = compute(views, name, by, params)
-            b = compute(tables, name, by, params)
-            pd.testing.assert_frame_equal(
-                a.reset_index(drop=True), b.reset_index(drop=True), check_exact=False, rtol=1e-12
-            )
-        kept = "SELECT count(*) FROM duckdb_tables() WHERE temporary AND starts_with(table_name, ?)"
-        n = tables.execute(kept, ["_cal_bins_"]).fetchone()[0]
-    finally:
-        views.close()
-        tables.close()
+            _same(compute(views, name, by, params), compute(tables, name, by, params))
+        n = _kept(tables, "_cal_bins_")
     assert n == 2
 
 
