@@ -354,12 +354,14 @@ def memory_bytes(text: str, midpoint: bool = False) -> int:
     return int((float(number) + half_step) * _UNITS[unit])
 
 
+def database_path(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The file of the connection's database; None for an in-memory one."""
+    return scalar(con, "SELECT path FROM duckdb_databases() WHERE database_name = current_database()")
+
+
 def file_backed(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the connection's database is a file (so DuckDB can spill to ``<file>.tmp``)."""
-    return (
-        scalar(con, "SELECT path FROM duckdb_databases() WHERE database_name = current_database()")
-        is not None
-    )
+    return database_path(con) is not None
 
 
 @contextlib.contextmanager

@@ -682,13 +682,19 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
     ``registry.prepare``), from a TEMP table of every item_id / base_id of ``scored`` computed once
     per seed and repeat count and shared by the conformal metrics of the pass (the hashes depend on
     nothing but the key, the seed and the repeat, so the shared table gives the same numbers)."""
-    if con is None or not _materialized(con):
+    if not _fixed(con):
         return _split_keys_sql(values, "SELECT DISTINCT ukey FROM units")
-    table = f"_conf_split_keys_{key_col}_{values['seed']}_{values['repeats']}"  # validated integers
+    assert con is not None
+    table = _split_keys_table(values, key_col)
     if table not in temp_tables(con):
         keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
         con.execute(f"CREATE TEMP TABLE {table} AS {_split_keys_sql(values, keys)}")
     return f"SELECT * FROM {table}"
+
+
+def _split_keys_table(values: dict, key_col: str) -> str:
+    """The name of a connection's shared TEMP table of split hashes (``_split_keys_source``)."""
+    return f"_conf_split_keys_{key_col}_{values['seed']}_{values['repeats']}"  # validated integers
 
 
 def _fixed(con: duckdb.DuckDBPyConnection | None) -> bool:
@@ -792,7 +798,7 @@ def _existing_option_mask(con: duckdb.DuckDBPyConnection, values: dict, params: 
     (a pass that ran LAC, APS or coverage_by), else None: nothing is computed here (the split keys
     are looked for first, so that rendering the mask's query cannot create them)."""
     temps = temp_tables(con)
-    if f"_conf_split_keys_item_id_{values['seed']}_{values['repeats']}" not in temps:
+    if _split_keys_table(values, "item_id") not in temps:
         return None
     table = _mask_table_name(_option_mask_query(con, values, params))
     return table if table in temps else None
@@ -936,8 +942,12 @@ def conformal_sql(
 ) -> str:
     """The rendered query of conformal_lac / conformal_aps / conformal_sampling (with ``con``: reading
     the split hashes and the calibration mask shared by the connection's conformal metrics where it may)."""
-    summary = "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
-    return _query(score, by, params, con, None, summary)
+    return _query(score, by, params, con, None, _summary(score))
+
+
+def _summary(score: str) -> str:
+    """The summary query of conformal_lac / conformal_aps / conformal_sampling."""
+    return "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
 
 
 def _coverage_by_args(by: Sequence[str], params: dict) -> tuple[str, str]:
@@ -960,8 +970,7 @@ def _runner(score: str):
     def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
         prepare(con)
         _prepare_pools(con, score, params)
-        summary = "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
-        return _run_query(con, score, by, params, None, summary)
+        return _run_query(con, score, by, params, None, _summary(score))
 
     return run
 

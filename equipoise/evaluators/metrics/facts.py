@@ -286,7 +286,7 @@ def _batches(con: duckdb.DuckDBPyConnection, runs_sql: str) -> list[list[str]]:
     batches: list[list[str]] = []
     size = 0
     for run_id, n in rows:
-        if not batches or (size + n > BATCH_PREDICTIONS and batches[-1]):
+        if not batches or size + n > BATCH_PREDICTIONS:
             batches.append([])
             size = 0
         batches[-1].append(run_id)

@@ -154,16 +154,17 @@ def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
     metric with every store block it read and every cache it made (1,009 MiB at 1M predictions, a
     737 MiB store, though no metric alone needs more than 785 MiB). A single metric's working set
     over the facts is a fraction of the store, so under this cap DuckDB evicts clean blocks and
-    spills the rest to ``<store>.tmp``. Measured at 1M (737 MiB store, quiet machine): peak
-    674-680 MiB instead of 1,032-1,082 MiB, for 8.6 s instead of 7.0 s (the conformal metrics and
-    unc_scores spill): a trade of time for memory that ``PASS_MEMORY_SHARE`` sets. Applied
+    spills the rest to ``<store>.tmp``. Measured at 1M (``benchmarks/metrics_bench.py``, 770 MiB
+    store, quiet machine, RESULTS.md stop 20): peak 683 MiB instead of 980 MiB, for 7.2-7.5 s
+    instead of 6.0 s (the conformal metrics and unc_scores spill): a trade of time for memory that
+    ``PASS_MEMORY_SHARE`` sets. Applied
     by ``prepare`` only when it reads current facts (a pass that materializes the base relations
     itself holds TEMP tables about the store's size and would spill them)."""
-    from equipoise.evaluators.store import file_backed, memory_bytes, memory_limit_chosen
+    from equipoise.evaluators.store import database_path, memory_bytes, memory_limit_chosen
 
-    if not file_backed(con) or memory_limit_chosen(con):
+    path = database_path(con)
+    if path is None or memory_limit_chosen(con):
         return  # in memory: nowhere to spill; chosen by the caller (--memory-limit): theirs to set
-    path = scalar(con, "SELECT path FROM duckdb_databases() WHERE database_name = current_database()")
     spill = Path(str(scalar(con, "SELECT current_setting('temp_directory')")))
     if not os.access(spill if spill.exists() else spill.parent, os.W_OK):
         return  # nowhere to spill (a read-only folder): a cap could fail a metric, not only slow it
