@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from metrics_bench import _selected
 from procstats import cpu_s, peak_mib
 
 
@@ -71,13 +72,7 @@ def main() -> int:
     from equipoise.evaluators.metrics.registry import REGISTRY, _load_all
 
     _load_all()
-    names = sorted(REGISTRY)
-    if args.metrics:
-        wanted = [n.strip() for n in args.metrics.split(",") if n.strip()]
-        unknown = sorted(set(wanted) - set(names))
-        if unknown:
-            raise SystemExit(f"--metrics: unknown metric(s) {', '.join(unknown)}")
-        names = [n for n in names if n in wanted]
+    names = _selected(sorted(REGISTRY), args.metrics)  # the --metrics rule of metrics_bench.py
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="eq-metrics-rss-") as tmp:
         for name in names:

@@ -379,20 +379,26 @@ def memory_capped(
     if not file_backed(con):
         yield
         return
-    limit, order = con.execute(
-        "SELECT current_setting('memory_limit'), current_setting('preserve_insertion_order')"
-    ).fetchall()[0]
-    lower = memory_bytes(limit) > cap_bytes
+    order = scalar(con, "SELECT current_setting('preserve_insertion_order')")
+    limit = lower_memory_limit(con, cap_bytes)
     try:
-        if lower:
-            con.execute(f"SET memory_limit = '{int(cap_bytes)}B'")
         if preserve_insertion_order is not None:
             con.execute(f"SET preserve_insertion_order = {str(preserve_insertion_order).lower()}")
         yield
     finally:
-        if lower:  # DuckDB shows the limit truncated: restore the middle of what it shows
+        if limit is not None:  # DuckDB shows the limit truncated: restore the middle of what it shows
             con.execute(f"SET memory_limit = '{memory_bytes(limit, midpoint=True)}B'")
         con.execute(f"SET preserve_insertion_order = {str(bool(order)).lower()}")
+
+
+def lower_memory_limit(con: duckdb.DuckDBPyConnection, cap_bytes: int) -> str | None:
+    """Set DuckDB's ``memory_limit`` to ``cap_bytes`` where it is higher now; returns the limit it
+    replaced (as DuckDB shows it), or None where it kept the connection's lower limit."""
+    limit = str(scalar(con, "SELECT current_setting('memory_limit')"))
+    if memory_bytes(limit) <= cap_bytes:
+        return None
+    con.execute(f"SET memory_limit = '{int(cap_bytes)}B'")
+    return limit
 
 
 # connection variable set by ``connect`` when its caller chose the memory limit (see ``connect``)

@@ -160,7 +160,7 @@ def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
     ``PASS_MEMORY_SHARE`` sets. Applied
     by ``prepare`` only when it reads current facts (a pass that materializes the base relations
     itself holds TEMP tables about the store's size and would spill them)."""
-    from equipoise.evaluators.store import database_path, memory_bytes, memory_limit_chosen
+    from equipoise.evaluators.store import database_path, lower_memory_limit, memory_limit_chosen
 
     path = database_path(con)
     if path is None or memory_limit_chosen(con):
@@ -169,9 +169,7 @@ def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
     if not os.access(spill if spill.exists() else spill.parent, os.W_OK):
         return  # nowhere to spill (a read-only folder): a cap could fail a metric, not only slow it
     size = sum(p.stat().st_size for p in (Path(path), Path(f"{path}.wal")) if p.exists())
-    cap = max(PASS_MEMORY_FLOOR, int(size * PASS_MEMORY_SHARE))
-    if memory_bytes(scalar(con, "SELECT current_setting('memory_limit')")) > cap:
-        con.execute(f"SET memory_limit = '{cap}B'")
+    lower_memory_limit(con, max(PASS_MEMORY_FLOOR, int(size * PASS_MEMORY_SHARE)))
 
 
 # the per-sample columns scored_probs adds to scored (sql/scored_probs.sql)
