@@ -708,7 +708,9 @@ def _fast_checked(
             WHERE logprob IS NOT NULL"""
         selects.append(("option_scores", list(OptionScoreRow.model_fields), score_sql))
     before = _one(con, "SELECT count(*) FROM predictions")
-    insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list)
+    # the store appends the predictions the way this query was built for (fused: a plain append,
+    # so the error() check above runs on every row), not on a second look at the table
+    insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list, append_only=fused)
     after = _one(con, "SELECT count(*) FROM predictions")
     n = _one(con, "SELECT count(*) FROM _imp")
     return ImportSummary(rows=int(n), added=int(after - before), runs=sorted(runs))
