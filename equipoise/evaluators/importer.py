@@ -432,7 +432,7 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
     con.register("_imp", table)  # read in place (Arrow scan), never copied into a DuckDB table
     try:
         # a file without token log-probabilities (tl all null) spares every row the list functions
-        return _fast_checked(con, labels, tokens=table["tl"].null_count < table.num_rows)
+        return _fast_checked(con, labels, tokens=table["tl"].null_count < table.num_rows, rows=table.num_rows)
     except duckdb.Error:
         return None  # anything DuckDB refuses is left to the checked path to name
     finally:
@@ -446,9 +446,10 @@ _PAIR_SCANS = 16  # above this many (dataset, config) pairs, one scan of options
 
 
 def _fast_checked(
-    con: duckdb.DuckDBPyConnection, labels: list[str], tokens: bool = True
+    con: duckdb.DuckDBPyConnection, labels: list[str], *, tokens: bool, rows: int
 ) -> ImportSummary | None:
-    """The set checks and the bulk write of :func:`_fast_import` (``_imp`` is the parsed file).
+    """The set checks and the bulk write of :func:`_fast_import` (``_imp`` is the parsed file, of
+    ``rows`` records: the caller's count of the table it registered, not counted again here).
 
     Each check is the SQL twin of a rule of :class:`ImportedPrediction` or of the record-by-record
     loop; tests feed both paths the same crafted files. Checks that depend only on the run
@@ -708,10 +709,11 @@ def _fast_checked(
             WHERE logprob IS NOT NULL"""
         selects.append(("option_scores", list(OptionScoreRow.model_fields), score_sql))
     before = _one(con, "SELECT count(*) FROM predictions")
-    insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list)
+    # the store appends the predictions the way this query was built for (fused: a plain append,
+    # so the error() check above runs on every row), not on a second look at the table
+    insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list, append_only=fused)
     after = _one(con, "SELECT count(*) FROM predictions")
-    n = _one(con, "SELECT count(*) FROM _imp")
-    return ImportSummary(rows=int(n), added=int(after - before), runs=sorted(runs))
+    return ImportSummary(rows=int(rows), added=int(after - before), runs=sorted(runs))
 
 
 # the message of the error() the fused predictions INSERT raises (never shown: the checked path
