@@ -63,7 +63,7 @@ import functools
 import hashlib
 import itertools
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
@@ -228,16 +228,6 @@ def group_rng(seed: int, key: Sequence[object]) -> np.random.Generator:
     return np.random.default_rng([int(seed), h])
 
 
-def resample_indices(rng: np.random.Generator, n: int, n_boot: int) -> Iterator[np.ndarray]:
-    """Blocks of bootstrap index rows (replicates x n), floor(u * n) with u ~ U[0, 1)."""
-    block = max(1, _BLOCK_CELLS // max(n, 1))
-    done = 0
-    while done < n_boot:
-        b = min(block, n_boot - done)
-        yield (rng.random((b, n)) * n).astype(np.int64)
-        done += b
-
-
 def percentile_ci(reps: np.ndarray, alpha: float) -> tuple[float, float]:
     """Equal-tailed percentile interval (numpy's default linear interpolation between order stats)."""
     lo, hi = np.percentile(reps, [100 * alpha / 2, 100 * (1 - alpha / 2)])
@@ -252,8 +242,9 @@ def bootstrap_means(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.
 
 
 def _fill_means(x: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> None:
-    """Write into ``out`` the means of ``len(out)`` consecutive replicates drawn from ``rng``: the
-    values of ``resample_indices`` / ``x[idx].mean(axis=1)``, computed in place.
+    """Write into ``out`` the means of ``len(out)`` consecutive replicates drawn from ``rng``: per
+    block of b replicates, ``idx = (rng.random((b, n)) * n).astype(np.int64)`` and
+    ``x[idx].mean(axis=1)``, computed in place.
 
     Why in place: with fresh arrays per block (uniforms, indices, gathered values) most of the time
     went to allocating and first touching them; one set of buffers of about ``_BLOCK_CELLS`` cells,
