@@ -269,20 +269,17 @@ def _fill_means(x: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> Non
         done += b
 
 
-def _rng_at(rng: np.random.Generator, draws: int) -> np.random.Generator | None:
-    """A generator that continues ``rng``'s stream ``draws`` doubles ahead, or None where that
-    cannot be done exactly. ``rng`` itself is not moved.
+def _rng_at(rng: np.random.Generator, draws: int) -> np.random.Generator:
+    """A generator that continues ``rng``'s stream ``draws`` doubles ahead; ``rng`` must be backed
+    by ``np.random.PCG64`` exactly (the caller checks). ``rng`` itself is not moved.
 
     ``default_rng`` is PCG64, whose ``random`` takes one 64-bit output per double, so jumping
     ``draws`` outputs ahead (``PCG64.advance``, O(log draws)) lands where drawing ``draws``
     uniforms would: a group's replicates can be split into parts drawn in parallel, with the same
     numbers as one sequential pass.
     """
-    bg = rng.bit_generator
-    if type(bg) is not np.random.PCG64:
-        return None
     twin = np.random.PCG64()
-    twin.state = bg.state
+    twin.state = rng.bit_generator.state
     twin.advance(draws)
     return np.random.Generator(twin)
 
@@ -294,18 +291,17 @@ def bootstrap_means_parts(
     tasks: returns ``(task, out)`` pairs where running every task (in any order, on any thread)
     fills the concatenation of the ``out`` arrays with exactly those means. Each part draws from a
     copy of the generator advanced to its first replicate (``_rng_at``); with fewer than
-    ``_SPLIT_CELLS`` cells per part, or a generator that cannot be advanced, it is one task.
+    ``_SPLIT_CELLS`` cells per part, or a generator not backed by PCG64 (no exact advance), it is one task.
     """
     n = len(x)
     parts = max(1, min(parts, n_boot, (n * n_boot) // _SPLIT_CELLS))
-    if parts > 1 and _rng_at(rng, 0) is None:
+    if type(rng.bit_generator) is not np.random.PCG64:  # only PCG64 can be advanced exactly
         parts = 1
     out = np.empty(n_boot)
     bounds = [n_boot * i // parts for i in range(parts + 1)]
     tasks: list[tuple[Callable[[], None], np.ndarray]] = []
     for lo, hi in itertools.pairwise(bounds):
         part_rng = rng if parts == 1 else _rng_at(rng, lo * n)
-        assert part_rng is not None
         view = out[lo:hi]
         tasks.append((functools.partial(_fill_means, x, part_rng, view), view))
     return tasks
