@@ -237,9 +237,7 @@ def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], di
             prepare_bins(con, p, by)  # also prepares cal_samples
         else:
             prepare_samples(con, p, by)
-        n_bins = int(p["n_bins"])  # type: ignore[call-overload]
-        extra = {"bin_expr": bin_sql("confidence", n_bins), "block_counts": _BLOCK_COUNTS}
-        return render_sql(REGISTRY[name], by, {**p, **extra})
+        return render_sql(REGISTRY[name], by, {**p, "block_counts": _BLOCK_COUNTS})
 
     return sql
 
