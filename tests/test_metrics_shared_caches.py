@@ -47,28 +47,16 @@ def store(tmp_path_factory):
 
 
 def _check(store, name: str, by: list[str], params: dict, prime: dict, prefix: str) -> None:
-    _load_all()
-    views = duckdb.connect(str(store), read_only=True)
-    tables = duckdb.connect(str(store), read_only=True)
-    try:
+    with _plain_and_prepared(store) as (views, tables):
         a = compute(views, name, by, params)
-        prepare(tables, materialize=True)
         # fill the caches first under keys that differ in one part each: parameters, then grouping
         compute(tables, name, by, prime)
         compute(tables, name, ["model"], params)
         b = compute(tables, name, by, params)
-        cached = (
-            f"SELECT count(*) FROM duckdb_tables() WHERE temporary AND starts_with(table_name, '{prefix}')"
-        )
-        n_tables, n_views = tables.execute(cached).fetchone()[0], views.execute(cached).fetchone()[0]
-    finally:
-        views.close()
-        tables.close()
+        n_tables, n_views = _kept(tables, prefix), _kept(views, prefix)
     assert len(a) > 0
     assert n_tables >= 2 and n_views == 0  # the cache is used, and only where the relations are fixed
-    pd.testing.assert_frame_equal(
-        a.reset_index(drop=True), b.reset_index(drop=True), check_exact=False, rtol=1e-12
-    )
+    _same(a, b)
 
 
 @pytest.mark.parametrize("name", CAL)
@@ -162,30 +150,18 @@ def test_uncertainty_bounds_cache_matches_the_views(store, name, by, params):
     under other parameters and another grouping (a key that missed a part would serve those)."""
     from equipoise.evaluators.metrics.uncertainty import _normalized_sql
 
-    _load_all()
     prime = {"scores": ["avg_nll"], "upper_quantile": 0.5} if params == {} else {}
     extra = {"include_holdout": True} if name == "unc_normalized" and params else {}
-    views = duckdb.connect(str(store), read_only=True)
-    tables = duckdb.connect(str(store), read_only=True)
-    try:
+    with _plain_and_prepared(store) as (views, tables):
         a = compute(views, name, by, {**params, **extra})
-        prepare(tables, materialize=True)
         for b_, p_ in ((by, prime), (["model"], params), (by, params)):
             compute(tables, "unc_normalization_bounds", b_, p_)
         b = compute(tables, name, by, {**params, **extra})
         reads_cache = "FROM _unc_bounds_" in _normalized_sql(
             tables, by, {**REGISTRY["unc_normalized"].params, **params}
         )
-        cached = (
-            "SELECT count(*) FROM duckdb_tables() WHERE temporary AND starts_with(table_name, '_unc_bounds_')"
-        )
-        n_tables, n_views = tables.execute(cached).fetchone()[0], views.execute(cached).fetchone()[0]
-    finally:
-        views.close()
-        tables.close()
+        n_tables, n_views = _kept(tables, "_unc_bounds_"), _kept(views, "_unc_bounds_")
     assert len(a) > 0 and reads_cache
     assert n_tables == (2 if by == ["model"] else 3) and n_views == 0
     # not bit-exact: the scores' own sums (option entropy) may add in another order over views
-    pd.testing.assert_frame_equal(
-        a.reset_index(drop=True), b.reset_index(drop=True), check_exact=False, rtol=1e-12
-    )
+    _same(a, b)

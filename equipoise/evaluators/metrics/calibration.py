@@ -174,6 +174,25 @@ def _view_of_cache(
     con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS SELECT * FROM {table}")
 
 
+def _prepare_step(
+    con: duckdb.DuckDBPyConnection, step: Metric, p: dict, by: Sequence[str], tag: str, values: dict
+) -> None:
+    """Create the view ``step.name`` (``cal_blocks`` or ``cal_bins``) over ``cal_samples`` grouped by
+    ``by`` (``p`` and ``by`` already checked): on a connection with fixed base relations a view of
+    the TEMP table ``_{step.name}_{tag}{_cache_key}``, computed once, otherwise a plain view.
+    """
+    prepare_samples(con, p, by)
+    if not _materialized(con):
+        con.execute(render_sql(step, by, {**values, "view": step.name}))
+        return
+    _view_of_cache(
+        con,
+        step.name,
+        f"_{step.name}_{tag}{_cache_key(p, by)}",
+        lambda src: render_sql(step, by, {**values, "view": src}),
+    )
+
+
 # not a registered metric: a shared first step, rendered like one (by, group_by, by_list)
 _BLOCKS = Metric(name="cal_blocks", description="tie blocks of cal_samples", sql="cal_blocks.sql")
 _BLOCK_METRICS = ("auroc", "aurc", "prr", "risk_coverage")  # their SQL reads cal_blocks
@@ -187,17 +206,7 @@ def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[st
     by) into a TEMP table, otherwise it stays a view over the live ``cal_samples``.
     """
     p = _params(params)
-    by = _check_by(by)
-    prepare_samples(con, p, by)
-    if not _materialized(con):
-        con.execute(render_sql(_BLOCKS, by, {"view": "cal_blocks"}))
-        return
-    _view_of_cache(
-        con,
-        "cal_blocks",
-        f"_cal_blocks_{_cache_key(p, by)}",
-        lambda src: render_sql(_BLOCKS, by, {"view": src}),
-    )
+    _prepare_step(con, _BLOCKS, p, _check_by(by), "", {})
 
 
 # not a registered metric either: the per-bin step of ece and reliability
@@ -213,19 +222,9 @@ def prepare_bins(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str]
     n_bins) into a TEMP table of a few rows per group, otherwise it stays a view.
     """
     p = _params(params)
-    by = _check_by(by)
-    prepare_samples(con, p, by)
     n_bins = int(p["n_bins"])  # type: ignore[call-overload]
     values = {"bin_expr": bin_sql("confidence", n_bins), "n_bins": n_bins}
-    if not _materialized(con):
-        con.execute(render_sql(_BINS, by, {**values, "view": "cal_bins"}))
-        return
-    _view_of_cache(
-        con,
-        "cal_bins",
-        f"_cal_bins_{n_bins}_{_cache_key(p, by)}",
-        lambda src: render_sql(_BINS, by, {**values, "view": src}),
-    )
+    _prepare_step(con, _BINS, p, _check_by(by), f"{n_bins}_", values)
 
 
 def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], str]:
@@ -237,9 +236,7 @@ def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], di
             prepare_bins(con, p, by)  # also prepares cal_samples
         else:
             prepare_samples(con, p, by)
-        n_bins = int(p["n_bins"])  # type: ignore[call-overload]
-        extra = {"bin_expr": bin_sql("confidence", n_bins), "block_counts": _BLOCK_COUNTS}
-        return render_sql(REGISTRY[name], by, {**p, **extra})
+        return render_sql(REGISTRY[name], by, {**p, "block_counts": _BLOCK_COUNTS})
 
     return sql
 

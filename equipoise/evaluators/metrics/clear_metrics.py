@@ -66,9 +66,9 @@ def _keyed(
     def fn(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
         _refuse_unknown(name, params, ())
         by = [b for b in by if b not in fixed]
-        # the per-item step keeps only the strata of this grouping (any_value over the item's key,
-        # run_id and item_id, which it has as they are)
-        keep = [b for b in dict.fromkeys(by) if b not in ("run_id", "item_id")]
+        # the per-item step keeps only the strata of this grouping (any_value over the item's key;
+        # run_id, part of that key, it has as it is; item_id is no stratum, refused with ``by``)
+        keep = [b for b in dict.fromkeys(by) if b != "run_id"]
         by_any = "".join(f"any_value({b}) AS {b}, " for b in keep)
         return con.execute(render_sql(REGISTRY[name], by, {"by_any": by_any})).df()
 

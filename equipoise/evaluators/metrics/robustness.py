@@ -63,7 +63,7 @@ import functools
 import hashlib
 import itertools
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
@@ -228,16 +228,6 @@ def group_rng(seed: int, key: Sequence[object]) -> np.random.Generator:
     return np.random.default_rng([int(seed), h])
 
 
-def resample_indices(rng: np.random.Generator, n: int, n_boot: int) -> Iterator[np.ndarray]:
-    """Blocks of bootstrap index rows (replicates x n), floor(u * n) with u ~ U[0, 1)."""
-    block = max(1, _BLOCK_CELLS // max(n, 1))
-    done = 0
-    while done < n_boot:
-        b = min(block, n_boot - done)
-        yield (rng.random((b, n)) * n).astype(np.int64)
-        done += b
-
-
 def percentile_ci(reps: np.ndarray, alpha: float) -> tuple[float, float]:
     """Equal-tailed percentile interval (numpy's default linear interpolation between order stats)."""
     lo, hi = np.percentile(reps, [100 * alpha / 2, 100 * (1 - alpha / 2)])
@@ -252,8 +242,9 @@ def bootstrap_means(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.
 
 
 def _fill_means(x: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> None:
-    """Write into ``out`` the means of ``len(out)`` consecutive replicates drawn from ``rng``: the
-    values of ``resample_indices`` / ``x[idx].mean(axis=1)``, computed in place.
+    """Write into ``out`` the means of ``len(out)`` consecutive replicates drawn from ``rng``: per
+    block of b replicates, ``idx = (rng.random((b, n)) * n).astype(np.int64)`` and
+    ``x[idx].mean(axis=1)``, computed in place.
 
     Why in place: with fresh arrays per block (uniforms, indices, gathered values) most of the time
     went to allocating and first touching them; one set of buffers of about ``_BLOCK_CELLS`` cells,
@@ -278,20 +269,17 @@ def _fill_means(x: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> Non
         done += b
 
 
-def _rng_at(rng: np.random.Generator, draws: int) -> np.random.Generator | None:
-    """A generator that continues ``rng``'s stream ``draws`` doubles ahead, or None where that
-    cannot be done exactly. ``rng`` itself is not moved.
+def _rng_at(rng: np.random.Generator, draws: int) -> np.random.Generator:
+    """A generator that continues ``rng``'s stream ``draws`` doubles ahead; ``rng`` must be backed
+    by ``np.random.PCG64`` exactly (the caller checks). ``rng`` itself is not moved.
 
     ``default_rng`` is PCG64, whose ``random`` takes one 64-bit output per double, so jumping
     ``draws`` outputs ahead (``PCG64.advance``, O(log draws)) lands where drawing ``draws``
     uniforms would: a group's replicates can be split into parts drawn in parallel, with the same
     numbers as one sequential pass.
     """
-    bg = rng.bit_generator
-    if type(bg) is not np.random.PCG64:
-        return None
     twin = np.random.PCG64()
-    twin.state = bg.state
+    twin.state = rng.bit_generator.state
     twin.advance(draws)
     return np.random.Generator(twin)
 
@@ -303,18 +291,17 @@ def bootstrap_means_parts(
     tasks: returns ``(task, out)`` pairs where running every task (in any order, on any thread)
     fills the concatenation of the ``out`` arrays with exactly those means. Each part draws from a
     copy of the generator advanced to its first replicate (``_rng_at``); with fewer than
-    ``_SPLIT_CELLS`` cells per part, or a generator that cannot be advanced, it is one task.
+    ``_SPLIT_CELLS`` cells per part, or a generator not backed by PCG64 (no exact advance), it is one task.
     """
     n = len(x)
     parts = max(1, min(parts, n_boot, (n * n_boot) // _SPLIT_CELLS))
-    if parts > 1 and _rng_at(rng, 0) is None:
+    if type(rng.bit_generator) is not np.random.PCG64:  # only PCG64 can be advanced exactly
         parts = 1
     out = np.empty(n_boot)
     bounds = [n_boot * i // parts for i in range(parts + 1)]
     tasks: list[tuple[Callable[[], None], np.ndarray]] = []
     for lo, hi in itertools.pairwise(bounds):
         part_rng = rng if parts == 1 else _rng_at(rng, lo * n)
-        assert part_rng is not None
         view = out[lo:hi]
         tasks.append((functools.partial(_fill_means, x, part_rng, view), view))
     return tasks

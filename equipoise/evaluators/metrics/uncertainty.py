@@ -192,16 +192,20 @@ def scores_sql(by: Sequence[str], params: dict | None = None, ordered: bool = Tr
     return sql + _order_by_key(by) + "\n" if ordered else sql
 
 
+# 2**32 as a SQL double: 32 bits of md5 divided by it are a fraction in [0, 1)
+_SPLIT_DIVISOR = "4294967296.0"
+
+
 def split_fraction_sql(key: str) -> str:
     """An item's place in the md5 splits (held-out bounds, combiner training rows): the first 32
     bits of md5(key) as a fraction in [0, 1); a row is in the split when it lies below the split's
     fraction. ``key`` is a column name (``item_id`` or ``base_id``)."""
-    return f"('0x' || substr(md5({key}), 1, 8))::UBIGINT / 4294967296.0"
+    return f"('0x' || substr(md5({key}), 1, 8))::UBIGINT / {_SPLIT_DIVISOR}"
 
 
 def _split_bits_sql(key: str) -> str:
     """The first 32 bits of md5(key) as a UINTEGER: what the fact stores (4 bytes a row, not the
-    fraction's 8); divided by 4294967296.0 it is exactly split_fraction_sql(key)."""
+    fraction's 8); divided by ``_SPLIT_DIVISOR`` it is exactly split_fraction_sql(key)."""
     return f"('0x' || substr(md5({key}), 1, 8))::UBIGINT::UINTEGER"
 
 
@@ -253,13 +257,14 @@ def _scores_source(
     by = _check_by(by)
     if split_key is not None and split_key not in _SPLIT_KEYS:
         raise ValueError(f"split_key must be one of {_SPLIT_KEYS}, got {split_key!r}")
-    split = "" if split_key is None else f", {split_fraction_sql(split_key)} AS _split"
-    if item_ord:
-        split += f", item_id AS {ITEM_ORD_COLUMN}"
+    # the trailing columns, computed here; the fact's own columns replace them below where it has them
+    split = None if split_key is None else f"{split_fraction_sql(split_key)} AS _split"
+    ord_ = f"item_id AS {ITEM_ORD_COLUMN}" if item_ord else None
     if not _materialized(con):
         sql = scores_sql(by, params, ordered=False)
-        if split:
-            sql = f"SELECT *{split} FROM (\n{sql})"
+        tail = _tail(split, ord_)
+        if tail:
+            sql = f"SELECT *{tail} FROM (\n{sql})"
         return sql + _order_by_key(by) + "\n" if ordered else sql
     pool = str(params["pool"])
     scores_sql([], params)  # validates the pool before its name is used
@@ -274,13 +279,16 @@ def _scores_source(
     extra = {*SPLIT_FACT_COLUMNS.values(), ITEM_ORD_COLUMN}
     fixed = [c for c in cols[len([b for b in all_by if b != "run_id"]) :] if c not in extra]
     if split_key is not None and SPLIT_FACT_COLUMNS[split_key] in cols:
-        split = f", {SPLIT_FACT_COLUMNS[split_key]} / 4294967296.0 AS _split"
-        if item_ord:
-            split += f", {ITEM_ORD_COLUMN}"
-    elif item_ord and ITEM_ORD_COLUMN in cols:
-        split = split.replace(f"item_id AS {ITEM_ORD_COLUMN}", ITEM_ORD_COLUMN)
+        split = f"{SPLIT_FACT_COLUMNS[split_key]} / {_SPLIT_DIVISOR} AS _split"
+    if item_ord and ITEM_ORD_COLUMN in cols:
+        ord_ = ITEM_ORD_COLUMN
     order = " " + _order_by_key(by) if ordered else ""
-    return f"SELECT {_strata(by)}{', '.join(fixed)}{split} FROM {table}{order}"
+    return f"SELECT {_strata(by)}{', '.join(fixed)}{_tail(split, ord_)} FROM {table}{order}"
+
+
+def _tail(*columns: str | None) -> str:
+    """The select-list items ``columns`` (None: left out), each after ', '."""
+    return "".join(f", {c}" for c in columns if c is not None)
 
 
 def _wrapped(
