@@ -63,6 +63,7 @@ from equipoise.evaluators.metrics.registry import (
     Metric,
     _check_by,
     _materialized,
+    cached_table,
     register,
     render_sql,
     temp_tables,
@@ -255,9 +256,7 @@ def _runner(
     def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
         query = sql(con, by, params)
         if _materialized(con):
-            table = f"_cal_selective_{_cache_key(_params(params), _check_by(by))}"
-            if table not in temp_tables(con):
-                con.execute(f"CREATE TEMP TABLE {table} AS {query}")
+            table = cached_table(con, f"_cal_selective_{_cache_key(_params(params), _check_by(by))}", query)
             query = f"SELECT * FROM {table} ORDER BY ALL"
         return con.execute(query).df()[[*by, *columns]]
 

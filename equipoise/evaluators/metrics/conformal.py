@@ -97,6 +97,7 @@ from equipoise.evaluators.metrics.registry import (
     Metric,
     _check_by,
     _materialized,
+    cached_table,
     prepare,
     register,
     temp_tables,
@@ -477,8 +478,8 @@ def _prepare_pools(con: duckdb.DuckDBPyConnection, score: str, params: dict) -> 
     if uses_facts(con):
         fact = f"main.facts_{POOLS_RELATION}"
         con.execute(f"CREATE OR REPLACE TEMP VIEW {POOLS_RELATION} AS SELECT * FROM {fact}")
-    elif POOLS_RELATION not in temp_tables(con):
-        con.execute(f"CREATE TEMP TABLE {POOLS_RELATION} AS {sampling_pools_sql()}")
+    else:
+        cached_table(con, POOLS_RELATION, sampling_pools_sql())
 
 
 def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_facts: bool = False) -> str:
@@ -685,10 +686,8 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
     if not _fixed(con):
         return _split_keys_sql(values, "SELECT DISTINCT ukey FROM units")
     assert con is not None
-    table = _split_keys_table(values, key_col)
-    if table not in temp_tables(con):
-        keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
-        con.execute(f"CREATE TEMP TABLE {table} AS {_split_keys_sql(values, keys)}")
+    keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
+    table = cached_table(con, _split_keys_table(values, key_col), _split_keys_sql(values, keys))
     return f"SELECT * FROM {table}"
 
 
@@ -771,10 +770,7 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dic
     depends on, so a connection computes it once per unit set and parameters; the identity query
     (``_mask_identity_sql``) gives the identity columns of the LAC units."""
     query = _option_mask_query(con, values, params)
-    table = _mask_table_name(query)
-    if table not in temp_tables(con):
-        con.execute(f"CREATE TEMP TABLE {table} AS {query}")
-    return table
+    return cached_table(con, _mask_table_name(query), query)
 
 
 def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:

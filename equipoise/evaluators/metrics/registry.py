@@ -83,6 +83,15 @@ def temp_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
 
 
+def cached_table(con: duckdb.DuckDBPyConnection, table: str, query: str) -> str:
+    """The TEMP table ``table`` holding the rows of ``query``, computed only where this connection
+    lacks it (a per-connection cache: its name must say everything its rows depend on); returns
+    ``table``."""
+    if table not in temp_tables(con):
+        con.execute(f"CREATE TEMP TABLE {table} AS {query}")
+    return table
+
+
 FACTS_MARK = "_facts_in_use"  # TEMP table: this connection reads the store's current fact tables
 
 

@@ -72,6 +72,7 @@ from equipoise.evaluators.metrics.registry import (
     Metric,
     _check_by,
     _materialized,
+    cached_table,
     prepare,
     register,
     render_sql,
@@ -272,9 +273,8 @@ def _scores_source(
     all_by = [*STRATA]
     if uses_facts(con):
         table = f"main.facts_unc_scores_{pool}"  # computed by facts.refresh with the same query
-    elif table not in temp_tables(con):
-        # the key is validated by scores_sql before the name is used
-        con.execute(f"CREATE TEMP TABLE {table} AS {scores_sql(all_by, params, ordered=False)}")
+    else:  # the pool is validated above, before the name is used
+        cached_table(con, table, scores_sql(all_by, params, ordered=False))
     cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
     extra = {*SPLIT_FACT_COLUMNS.values(), ITEM_ORD_COLUMN}
     fixed = [c for c in cols[len([b for b in all_by if b != "run_id"]) :] if c not in extra]
