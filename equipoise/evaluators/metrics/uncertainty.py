@@ -286,6 +286,15 @@ def _scores_source(
     return f"SELECT {_strata(by)}{', '.join(fixed)}{_tail(split, ord_)} FROM {table}{order}"
 
 
+def _source_mode(con: duckdb.DuckDBPyConnection) -> str:
+    """How a CTE over the scores' source should be kept when several consumers read it: NOT
+    MATERIALIZED when the source is a table (the fact or the connection's cache, see
+    ``_scores_source``), since each consumer then scans only the columns it reads, which costs less
+    than copying every row first; otherwise empty (DuckDB's choice), as the source is the whole
+    unc_scores query, which must not run once per consumer."""
+    return "NOT MATERIALIZED" if _materialized(con) else ""
+
+
 def _tail(*columns: str | None) -> str:
     """The select-list items ``columns`` (None: left out), each after ', '."""
     return "".join(f", {c}" for c in columns if c is not None)
@@ -499,6 +508,7 @@ def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) 
         ),
         long_continuous=_long_scores([cols[k] for k in continuous], continuous, len(cols)),
         score_names=", ".join(sql_literal(c) for c in cols),
+        source_mode=_source_mode(con),
         **_group_ids(by),
     )
 
@@ -537,6 +547,21 @@ def _features_with_gid(
         [*(f"base.{c} IS NOT DISTINCT FROM bounds.{c}" for c in by), "base.complete = bounds.complete"]
     )
     groups_on = " AND ".join(f"base.{c} IS NOT DISTINCT FROM groups.{c}" for c in by) or "true"
+    # slim: the (group, run) pairs, numbered in (_gid, run_id) order (see unc_combiner_features.sql)
+    run_by = [c for c in by if c != "run_id"]
+    pairs = ", ".join([*run_by, "run_id"])
+    runs = (
+        ",\nruns AS (\n"
+        "    SELECT r.*, groups._gid,\n"
+        "           (row_number() OVER (ORDER BY groups._gid, r.run_id) - 1)::BIGINT AS _rk\n"
+        f"    FROM (SELECT DISTINCT {pairs} FROM base) r\n"
+        "    JOIN groups ON "
+        + (" AND ".join(f"r.{c} IS NOT DISTINCT FROM groups.{c}" for c in by) or "true")
+        + "\n)"
+    )
+    runs_on = " AND ".join(
+        [*(f"base.{c} IS NOT DISTINCT FROM runs.{c}" for c in run_by), "base.run_id = runs.run_id"]
+    )
     sql = _wrapped(
         con,
         "unc_combiners",
@@ -554,11 +579,12 @@ def _features_with_gid(
         ),
         group_order=("ORDER BY " + ", ".join(by)) if by else "",
         bounds_on=bounds_on,
-        groups_on=groups_on,
+        runs=runs if slim else "",
+        groups_join=f"runs ON {runs_on}" if slim else f"groups ON {groups_on}",
         select=(
             ", ".join(
                 [
-                    "groups._gid",
+                    "runs._gid",
                     "base.incorrect",
                     "base.is_train",
                     "base.complete",
@@ -569,7 +595,7 @@ def _features_with_gid(
             if slim
             else "base.*, " + ", ".join(scaled) + ", groups._gid"
         ),
-        order_by=f"groups._gid, base.run_id, base.{ITEM_ORD_COLUMN}"
+        order_by=f"runs._rk, base.{ITEM_ORD_COLUMN}"
         if slim
         else ", ".join([*(f"base.{c}" for c in by if c != "run_id"), "base.run_id", "base.item_id"]),
     )

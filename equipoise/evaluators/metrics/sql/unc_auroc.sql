@@ -31,11 +31,11 @@
 -- runs on one integer key per (group, score), _part = _gid * {n_scores} + the score's position (a
 -- UINTEGER: the window sorts on it), not on the group's strings: {groups} numbers the distinct
 -- groups (_gid) and {keyed} tags each item with its _gid; the names come back at the end.
-WITH sc AS (
+WITH sc AS {source_mode} (
 {scores_sql}
 ),
 {groups},
-keyed AS (
+keyed AS {source_mode} (
 {keyed}
 ),
 {value_counts},
