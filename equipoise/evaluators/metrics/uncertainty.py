@@ -282,8 +282,56 @@ def _scores_source(
         split = f"{SPLIT_FACT_COLUMNS[split_key]} / {_SPLIT_DIVISOR} AS _split"
     if item_ord and ITEM_ORD_COLUMN in cols:
         ord_ = ITEM_ORD_COLUMN
-    order = " " + _order_by_key(by) if ordered else ""
-    return f"SELECT {_strata(by)}{', '.join(fixed)}{_tail(split, ord_)} FROM {table}{order}"
+    select = f"SELECT {_strata(by)}{', '.join(fixed)}{_tail(split, ord_)} FROM {table}"
+    if not ordered:
+        return select
+    if ITEM_ORD_COLUMN not in cols:
+        return f"{select} {_order_by_key(by)}"
+    return f"{select} {_ranked_runs_join(by, table)} ORDER BY _rk, {ITEM_ORD_COLUMN}"
+
+
+def _fact_with_item_ord(con: duckdb.DuckDBPyConnection, params: dict) -> str | None:
+    """The write-time fact ``_scores_source`` reads for ``params``' pool when it holds the integer
+    ``ITEM_ORD_COLUMN``, else None (no facts, or a cache table that lacks it)."""
+    if not _materialized(con) or not uses_facts(con):
+        return None
+    pool = str({**REGISTRY["unc_scores"].params, **(params or {})}["pool"])
+    scores_sql([], {"pool": pool})  # validates the pool before its name is used
+    table = f"main.facts_unc_scores_{pool}"
+    cols = [r[0] for r in con.execute(f"DESCRIBE {table}").fetchall()]
+    return table if ITEM_ORD_COLUMN in cols else None
+
+
+def _ranked_runs_join(by: Sequence[str], table: str, source: str | None = None) -> str:
+    """A JOIN that gives every row of ``table`` (a per-item table with the strata, run_id and the
+    fact's integer ``ITEM_ORD_COLUMN``) ``_rk``: the place of its (strata, run_id) pair among the
+    table's distinct pairs in (strata, run_id) order. Sorting on (_rk, item rank) gives the order
+    of ``_order_by_key(by)`` (strata, run_id, item_id; (run_id, item_id) is unique) on two
+    integers, so the rows are the same and in the same order: comparing the strata and id strings
+    was about a third of the sort's CPU, and the sort about a third of unc_scores' (1M
+    predictions). NULL strata match, and rank last, as in the ORDER BY. ``table`` may also be the
+    name of a relation over such a table's rows, with ``source`` the table the pairs are read from
+    (any superset of the relation's pairs ranks them in the same order)."""
+    keys = [*(b for b in by if b != "run_id"), "run_id"]
+    names = ", ".join(keys)
+    pairs = ", ".join(f"{c} AS _rk_{i}" for i, c in enumerate(keys))
+    on = " AND ".join(
+        f"{table}.{c} {'=' if c == 'run_id' else 'IS NOT DISTINCT FROM'} _runs._rk_{i}"
+        for i, c in enumerate(keys)
+    )
+    return (
+        f"JOIN (SELECT {pairs}, (row_number() OVER (ORDER BY {names}) - 1)::UBIGINT AS _rk "
+        f"FROM (SELECT DISTINCT {names} FROM {source or table})) AS _runs ON {on}"
+    )
+
+
+def _source_mode(con: duckdb.DuckDBPyConnection) -> str:
+    """How a CTE over the scores' source should be kept when several consumers read it: NOT
+    MATERIALIZED when the source is a table (the fact or the connection's cache, see
+    ``_scores_source``), since each consumer then scans only the columns it reads, which costs less
+    than copying every row first; otherwise empty (DuckDB's choice), as the source is the whole
+    unc_scores query, which must not run once per consumer."""
+    return "NOT MATERIALIZED" if _materialized(con) else ""
 
 
 def _tail(*columns: str | None) -> str:
@@ -339,15 +387,41 @@ def _bound_fragments(params: dict) -> dict[str, str]:
     }
 
 
+def _bounds_select(by: Sequence[str], params: dict) -> str:
+    """The bounds as a SELECT over the relation ``wide`` (per item: the grouping columns,
+    ``in_holdout`` and the DOUBLE scores): one row per group of ``by`` with _n_rows (the group's
+    items) and, per score, ``n__x, lo__x, hi__x``, the values of ``_bound_fragments``'
+    bound_aggregates. The held-out rows are aggregated under a WHERE and joined to the per-group
+    counts (a group without held-out rows gets counts 0 and NULL bounds, as the FILTERed aggregates
+    give): three FILTER clauses per score made the aggregate about four times the CPU at 1M
+    predictions, each one selecting the held-out rows again for its own aggregate."""
+    cols = _columns(params, "scores", SCORE_COLUMNS)
+    _bound_fragments(params)  # validates the quantile and the fraction
+    q = float(params["upper_quantile"])
+    held = ", ".join(
+        f"count({c}) AS n__{c}, min({c}) AS lo__{c}, quantile_cont({c}, {q!r}) AS hi__{c}" for c in cols
+    )
+    out = ", ".join(f"coalesce(h.n__{c}, 0) AS n__{c}, h.lo__{c}, h.hi__{c}" for c in cols)
+    on = " AND ".join(f"n.{c} IS NOT DISTINCT FROM h.{c}" for c in by) or "true"
+    return (
+        f"SELECT n.*, {out}\n"
+        f"FROM (SELECT {_by(by)} count(*) AS _n_rows FROM wide GROUP BY ALL) AS n\n"
+        f"LEFT JOIN (SELECT {_by(by)} {held} FROM wide WHERE in_holdout GROUP BY ALL) AS h ON {on}"
+    )
+
+
 def _bounds_query(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     """One wide row per group of ``by``: _n_rows (the group's items) and, per score, the held-out
-    count, minimum and upper quantile (``n__x, lo__x, hi__x``), as a query of its own."""
+    count, minimum and upper quantile (``n__x, lo__x, hi__x``), as a query of its own. ``wide``
+    has two consumers (the counts and the held-out aggregate); over a table each scans only what
+    it reads (see ``_source_mode``)."""
     frag = _bound_fragments(params)
     return (
-        f"WITH sc AS (\n{_scores_source(con, by, params, split_key=_split_key(params))}\n),\n"
-        f"wide AS (SELECT {_strata(by)} run_id, {frag['in_holdout']} AS in_holdout, "
+        f"WITH sc AS {_source_mode(con)} (\n"
+        f"{_scores_source(con, by, params, split_key=_split_key(params))}\n),\n"
+        f"wide AS {_source_mode(con)} (SELECT {_strata(by)} run_id, {frag['in_holdout']} AS in_holdout, "
         f"{frag['score_casts']} FROM sc)\n"
-        f"SELECT {_by(by)} count(*) AS _n_rows, {frag['bound_aggregates']} FROM wide GROUP BY ALL"
+        f"{_bounds_select(by, params)}"
     )
 
 
@@ -392,24 +466,30 @@ def _normalized_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: d
     )
     frag = _bound_fragments(params)
     cached = _bounds_cache(con, by, params, create=False)
+    fact = _fact_with_item_ord(con, params)
+    if fact:  # sorted on (pair rank, item rank): see _ranked_runs_join
+        order_by = f"ORDER BY _runs._rk, wide.{ITEM_ORD_COLUMN}"
+    else:  # (run_id, item_id) is unique per row: the same order as ORDER BY ALL
+        order_by = "ORDER BY " + ", ".join(
+            f"wide.{c}" for c in [*(b for b in by if b != "run_id"), "run_id", "item_id"]
+        )
     return _wrapped(
         con,
         "unc_normalized",
         by,
         params,
         split_key=_split_key(params),
+        item_ord=bool(fact),
+        item_ord_column=f", {ITEM_ORD_COLUMN}" if fact else "",
+        runs_join=_ranked_runs_join(by, "wide", fact) if fact else "",
         **frag,
-        bounds=f"SELECT * FROM {cached}"
-        if cached
-        else f"SELECT {_by(by)} {frag['bound_aggregates']} FROM wide GROUP BY ALL",
+        bounds=f"SELECT * FROM {cached}" if cached else _bounds_select(by, params),
         wide_mode="NOT MATERIALIZED" if cached else "MATERIALIZED",
         wide_strata=_strata(by, "wide."),
         normalized_columns=normalized,
         bounds_join=bounds_join,
         keep="true" if params["include_holdout"] else "NOT wide.in_holdout",
-        # (run_id, item_id) is unique per row: the same order as ORDER BY ALL
-        order_by="ORDER BY "
-        + ", ".join(f"wide.{c}" for c in [*(b for b in by if b != "run_id"), "run_id", "item_id"]),
+        order_by=order_by,
     )
 
 
@@ -499,6 +579,7 @@ def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) 
         ),
         long_continuous=_long_scores([cols[k] for k in continuous], continuous, len(cols)),
         score_names=", ".join(sql_literal(c) for c in cols),
+        source_mode=_source_mode(con),
         **_group_ids(by),
     )
 
@@ -537,6 +618,21 @@ def _features_with_gid(
         [*(f"base.{c} IS NOT DISTINCT FROM bounds.{c}" for c in by), "base.complete = bounds.complete"]
     )
     groups_on = " AND ".join(f"base.{c} IS NOT DISTINCT FROM groups.{c}" for c in by) or "true"
+    # slim: the (group, run) pairs, numbered in (_gid, run_id) order (see unc_combiner_features.sql)
+    run_by = [c for c in by if c != "run_id"]
+    pairs = ", ".join([*run_by, "run_id"])
+    runs = (
+        ",\nruns AS (\n"
+        "    SELECT r.*, groups._gid,\n"
+        "           (row_number() OVER (ORDER BY groups._gid, r.run_id) - 1)::BIGINT AS _rk\n"
+        f"    FROM (SELECT DISTINCT {pairs} FROM base) r\n"
+        "    JOIN groups ON "
+        + (" AND ".join(f"r.{c} IS NOT DISTINCT FROM groups.{c}" for c in by) or "true")
+        + "\n)"
+    )
+    runs_on = " AND ".join(
+        [*(f"base.{c} IS NOT DISTINCT FROM runs.{c}" for c in run_by), "base.run_id = runs.run_id"]
+    )
     sql = _wrapped(
         con,
         "unc_combiners",
@@ -554,11 +650,12 @@ def _features_with_gid(
         ),
         group_order=("ORDER BY " + ", ".join(by)) if by else "",
         bounds_on=bounds_on,
-        groups_on=groups_on,
+        runs=runs if slim else "",
+        groups_join=f"runs ON {runs_on}" if slim else f"groups ON {groups_on}",
         select=(
             ", ".join(
                 [
-                    "groups._gid",
+                    "runs._gid",
                     "base.incorrect",
                     "base.is_train",
                     "base.complete",
@@ -569,7 +666,7 @@ def _features_with_gid(
             if slim
             else "base.*, " + ", ".join(scaled) + ", groups._gid"
         ),
-        order_by=f"groups._gid, base.run_id, base.{ITEM_ORD_COLUMN}"
+        order_by=f"runs._rk, base.{ITEM_ORD_COLUMN}"
         if slim
         else ", ".join([*(f"base.{c}" for c in by if c != "run_id"), "base.run_id", "base.item_id"]),
     )

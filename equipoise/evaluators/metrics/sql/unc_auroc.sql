@@ -31,11 +31,14 @@
 -- runs on one integer key per (group, score), _part = _gid * {n_scores} + the score's position (a
 -- UINTEGER: the window sorts on it), not on the group's strings: {groups} numbers the distinct
 -- groups (_gid) and {keyed} tags each item with its _gid; the names come back at the end.
-WITH sc AS (
+-- sc and keyed are NOT MATERIALIZED when the scores are a table (the fact or the connection's
+-- cache): each of the two branches then scans only its own seven scores, which cost less than
+-- copying every row twice first (about 9% of this metric's CPU at 1M predictions).
+WITH sc AS {source_mode} (
 {scores_sql}
 ),
 {groups},
-keyed AS (
+keyed AS {source_mode} (
 {keyed}
 ),
 {value_counts},

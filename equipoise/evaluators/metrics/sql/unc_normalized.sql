@@ -19,6 +19,9 @@
 -- score n__x, lo__x, hi__x over the held-out rows) of wide, or the same aggregate read from the
 -- table unc_normalization_bounds left in the connection's cache (see uncertainty._bounds_cache),
 -- joined to the items of their group (NULL group values match, as in GROUP BY).
+-- Over the write-time fact, the rows are sorted on two integers that give the order of (strata,
+-- run_id, item_id): the rank of the row's (strata, run_id) pair, from {runs_join}, and the fact's
+-- item rank _item_ord (see uncertainty._ranked_runs_join); otherwise on the columns themselves.
 -- {normalized_columns} is the CASE below per score x:
 --   CASE WHEN x IS NULL OR hi__x IS NULL THEN NULL
 --        WHEN hi__x > lo__x THEN greatest(0.0, least(1.0, (x - lo__x) / (hi__x - lo__x)))
@@ -27,7 +30,7 @@ WITH sc AS (
 {scores_sql}
 ),
 wide AS {wide_mode} (
-    SELECT {strata} run_id, item_id, {in_holdout} AS in_holdout, {score_casts}
+    SELECT {strata} run_id, item_id{item_ord_column}, {in_holdout} AS in_holdout, {score_casts}
     FROM sc
 ),
 bounds AS (
@@ -36,5 +39,6 @@ bounds AS (
 SELECT {wide_strata} wide.run_id, wide.item_id, wide.in_holdout, {normalized_columns}
 FROM wide
 {bounds_join}
+{runs_join}
 WHERE {keep}
 {order_by}
