@@ -757,3 +757,14 @@ def test_string_parameters_as_a_command_line_gives_them(tiny: Path) -> None:
     a = _compute(tiny, "paired_bootstrap_uncertainty", ["model"], as_text)
     b = _compute(tiny, "paired_bootstrap_uncertainty", ["model"], as_num)
     pd.testing.assert_frame_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "n", [1, 2, 3, 5, 7, 1000, 16_017, 2**20, 2**20 + 1, 2**31 - 1, 2**40 + 3, 2**52 + 9]
+)
+def test_largest_uniform_indexes_below_n(n: int) -> None:
+    """_fill_means gathers with np.take(mode="clip"), which would hide an index n instead of
+    raising: the largest double rng.random returns, 1 - 2^-53, times n must truncate below n."""
+    u = np.nextafter(1.0, 0.0)
+    assert u == 1 - 2.0**-53
+    assert int(np.float64(u) * n) == n - 1

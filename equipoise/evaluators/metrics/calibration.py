@@ -202,9 +202,10 @@ _BLOCK_METRICS = ("auroc", "aurc", "prr", "risk_coverage")  # their SQL reads ca
 def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str]) -> None:
     """Create the ``cal_blocks`` view (``sql/cal_blocks.sql``) over ``cal_samples`` grouped by ``by``.
 
-    Four metrics start with the same sort of a group's distinct confidences; on a connection with
-    fixed base relations (see ``prepare_samples``) it is computed once per (confidence, samples,
-    by) into a TEMP table, otherwise it stays a view over the live ``cal_samples``.
+    Four metrics start with the same tie blocks in confidence order (one window sort of a group's
+    rows, see the SQL file); on a connection with fixed base relations (see ``prepare_samples``)
+    they are computed once per (confidence, samples, by) into a TEMP table, otherwise it stays a
+    view over the live ``cal_samples``.
     """
     p = _params(params)
     _prepare_step(con, _BLOCKS, p, _check_by(by), "", {})

@@ -264,7 +264,11 @@ def _fill_means(x: np.ndarray, rng: np.random.Generator, out: np.ndarray) -> Non
         rng.random(out=ub)
         np.multiply(ub, n, out=ub)
         np.copyto(ib, ub, casting="unsafe")  # truncation = floor for u * n >= 0, as astype(int64)
-        np.take(x, ib, out=gb)
+        # mode="clip" skips take's per-index range check (about 40% of the gather's time), which can
+        # never fire: u = j / 2^53 with j < 2^53, so n - u * n >= n / 2^53, more than half the spacing
+        # of the doubles just below n (for n a power of two, n - n / 2^53 is itself a double), so
+        # the product rounds below n and every index is in [0, n - 1]
+        np.take(x, ib, out=gb, mode="clip")
         np.mean(gb, axis=1, out=out[done : done + b])
         done += b
 
