@@ -738,31 +738,49 @@ def _inline_mask(
     return f"mask_units AS (SELECT {cols} FROM units),\n{mask},\n"
 
 
-def _mask_identity_sql(values: dict) -> str:
-    """CTEs ``base`` (every prediction of the sample: gid, sid, run_id, ukey = item_id, has_probs)
-    and ``units`` (those with option scores) of the shared mask table: the identity columns of the
-    LAC units (``conf_option_units.sql``), numbered the same way (``_ids_sql``). Whether a
-    prediction has option scores is read from ``scored_probs`` (``n_scored``: a column of the store's
-    ``facts_scored``, so no join of ``sample_probs`` on the two string keys (run_id, item_id) just to
-    learn which rows it has; without facts it is a view doing that same join)."""
+def _row_relation(con: duckdb.DuckDBPyConnection, relation: str) -> str:
+    """The table holding base relation ``relation`` on a connection with fixed base relations, so
+    that its ``rowid`` can be read: the store's fact table when the facts are in use (the TEMP view
+    over it has no rowid), else the connection's TEMP table of that name."""
+    return f"main.facts_{relation}" if uses_facts(con) else relation
+
+
+def _mask_identity_sql(con: duckdb.DuckDBPyConnection, values: dict) -> str:
+    """CTEs ``base`` (every prediction of the sample: gid, sid, run_id, ukey = item_id, the rowid
+    sc_row of its row in ``scored``, the rowid sp_row of its ``sample_probs`` row (NULL: none, i.e.
+    no option scores) and has_probs) and ``units`` (those with option scores) of the shared mask
+    table: the identity columns of the LAC units (``conf_option_units.sql``), numbered the same way
+    (``_ids_sql``). The two rowids are why: the metrics reading the table (``_cached_option_units``)
+    fetch a unit's scores and reported column by one integer each (the relations are fixed for the
+    connection) instead of joining on the two string keys (run_id, item_id) in every metric; the one
+    string join to ``sample_probs`` is paid here, once per connection."""
     keep = ", ".join(dict.fromkeys(["run_id", "item_id", *values["by_cols"], *values["strat_cols"]]))
+    sample = values["sample_index"]
     return f"""sc0 AS NOT MATERIALIZED (  -- each consumer rescans the few columns it reads
-    SELECT {keep}, n_scored FROM scored_probs WHERE sample_index = {values["sample_index"]}
+    SELECT rowid AS sc_row, {keep} FROM {_row_relation(con, "scored")} WHERE sample_index = {sample}
+),
+sp0 AS (
+    SELECT rowid AS sp_row, run_id, item_id
+    FROM {_row_relation(con, "sample_probs")}
+    WHERE sample_index = {sample}
 ),
 {_ids_sql("sc0", values)}
 base AS (
-    SELECT g.gid, s.sid, sc.run_id, sc.item_id AS ukey, sc.n_scored IS NOT NULL AS has_probs
+    SELECT g.gid, s.sid, sc.run_id, sc.item_id AS ukey, sc.sc_row, sp.sp_row,
+           sp.sp_row IS NOT NULL AS has_probs
     FROM sc0 sc
     JOIN gkeys g ON {_ids_on("g", values["by_cols"])}
     JOIN skeys s ON {_ids_on("s", values["strat_cols"])}
+    LEFT JOIN sp0 sp ON sp.run_id = sc.run_id AND sp.item_id = sc.item_id
 ),
-units AS (SELECT gid, sid, run_id, ukey FROM base WHERE has_probs)"""
+units AS (SELECT gid, sid, run_id, ukey, sc_row, sp_row FROM base WHERE has_probs)"""
 
 
 def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
     """The TEMP table of the option units' calibration mask (computed here if missing): one row per
-    prediction of the sample (gid, sid, run_id, ukey = item_id, mask words m0, ...; NULL words: the
-    item has no option scores, so it is no unit).
+    prediction of the sample (gid, sid, run_id, ukey = item_id, sc_row, sp_row (see
+    ``_mask_identity_sql``), mask words m0, ...; NULL words: the item has no option scores, so it is
+    no unit).
 
     The mask depends on the unit set (group, stratum, run_id and unit key of each unit), the seed,
     the repeats and cal_fraction, never on the score: LAC, APS (randomised or not) and coverage_by
@@ -776,12 +794,13 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dic
 def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
     """The query of the option units' mask table (``_option_mask_table``); it reads the shared split
     keys of item_id (``_split_keys_source``: computed there if this connection lacks them)."""
-    identity = _mask_identity_sql(values)
+    identity = _mask_identity_sql(con, values)
     nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
-    mask = _inline_mask(con, "lac", values, params, "gid, sid, run_id, ukey", keep_identity=True)
+    cols = "gid, sid, run_id, ukey, sc_row, sp_row"
+    mask = _inline_mask(con, "lac", values, params, cols, keep_identity=True)
     return (
         f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
-        f"UNION ALL SELECT gid, sid, run_id, ukey, {nulls} FROM base WHERE NOT has_probs"
+        f"UNION ALL SELECT {cols}, {nulls} FROM base WHERE NOT has_probs"
     )
 
 
@@ -800,11 +819,14 @@ def _existing_option_mask(con: duckdb.DuckDBPyConnection, values: dict, params: 
     return table if table in temps else None
 
 
-def _cached_option_units(table: str, score: str, values: dict, params: dict, cov: str | None) -> str:
+def _cached_option_units(
+    con: duckdb.DuckDBPyConnection, table: str, score: str, values: dict, params: dict, cov: str | None
+) -> str:
     """``base`` and ``units`` of LAC / plain APS read from the mask table and the per-sample facts:
     the mask table already holds every prediction's group, stratum and unit key, so only the scores
-    (``sample_probs``) and, for coverage_by, the reported column are joined to it; ``gkeys`` gives
-    the grouping values of the output (numbered as in the mask's query)."""
+    (``sample_probs``) and, for coverage_by, the reported column (``scored``) are fetched, each by
+    the rowid the mask table holds (``_mask_identity_sql``); ``gkeys`` gives the grouping values of
+    the output (numbered as in the mask's query)."""
     sample = values["sample_index"]
     by = values["by_cols"]
     if by:
@@ -817,13 +839,18 @@ def _cached_option_units(table: str, score: str, values: dict, params: dict, cov
         gkeys = "gkeys AS (SELECT 1 AS gid)"
     words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
     cov_join = (
-        f"\n    JOIN scored sc ON sc.run_id = t.run_id AND sc.item_id = t.ukey AND sc.sample_index = {sample}"
+        f"\n    JOIN (SELECT rowid AS sc_row, {cov} FROM {_row_relation(con, 'scored')}) sc "
+        "ON sc.sc_row = t.sc_row"
         if cov
         else ""
     )
+    probs = (
+        f"SELECT rowid AS sp_row, target_prob IS NOT NULL AS has_target, {score}_scores AS ss, "
+        f"{score}_target AS st FROM {_row_relation(con, 'sample_probs')} WHERE sample_index = {sample}"
+    )
     return f"""{gkeys},
 probs AS (
-    {_SCORES_FACT.format(score=score, sample_index=sample)}
+    {probs}
 ),
 base AS (  -- every prediction of the sample: its group and whether it has option scores
     SELECT t.gid, {values["g_by"]}t.m0 IS NOT NULL AS has_probs FROM {table} t JOIN gkeys g USING (gid)
@@ -832,7 +859,7 @@ units AS (
     SELECT t.gid, t.sid, t.run_id, t.ukey, {f"sc.{cov}" if cov else "NULL"} AS cov, pr.ss, pr.st,
            NOT pr.has_target AS target_unscored, {words}
     FROM {table} t
-    JOIN probs pr ON pr.run_id = t.run_id AND pr.item_id = t.ukey{cov_join}
+    JOIN probs pr ON pr.sp_row = t.sp_row{cov_join}
     WHERE t.m0 IS NOT NULL
 )"""
 
@@ -899,7 +926,7 @@ def _query(
         if score == "aps" and params.get("aps_randomized"):
             units_m = joined.format(words=words, table=table)
         else:
-            units = _cached_option_units(table, score, values, params, cov)
+            units = _cached_option_units(con, table, score, values, params, cov)
             units_m = "SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)"
     split = _render("conf_split.sql", units_m_sql=units_m, **values, **_split_extra(score, values["repeats"]))
     check_col = ""
