@@ -49,15 +49,20 @@ Calibration mask. Which units calibrate in which repeat depends only on the unit
 run_id and unit key of each), the seed, the repeats and cal_fraction, never on the score. It is
 computed once as one bit per unit and repeat (UBIGINT words m0, m1, ...: bit r % 64 of word r // 64
 is set iff the unit is calibration in repeat r, so any number of repeats fits) and every per-repeat
-sum is then an aggregate of its own over the unit rows, all repeats side by side in one scan
-(count_if(<bit r clear> AND st <= q_r), ...), instead of units x repeats rows. When the base
+sum is then computed without units x repeats rows: the calibration heaps as an aggregate per repeat
+over the unit rows, all repeats side by side in one scan, and the test sums (units, covered, empty,
+set size) as the sums over all units minus those over the repeat's calibration units, the latter
+read from the units grouped once per 8-bit slice of their mask words (``SLICE_BITS``); only the few
+units whose coverage or emptiness differs between repeats (a score between the repeats' smallest
+and largest q_hat) get an aggregate per repeat (``sql/conf_split.sql``). When the base
 relations are fixed for the connection (a read-only pass, ``registry.prepare(materialize=True)``),
 LAC, APS and coverage_by share one unit set (sample ``sample_index`` of each run x item with option
 scores), so its mask is a TEMP table computed once per connection and parameters, and LAC / plain
-APS build their units on it; otherwise (views, and the sampling pools) each query computes it inline,
-except that pools 'item' read that TEMP table when the pass already holds it and the pools are
-exactly its units (checked in the same query; see ``_query``), which in a store of scored MCQ runs
-they are.
+APS build their units on it, fetching each unit's scores (and coverage_by its column) by the rowid
+the table holds, not by a join on the string keys (run_id, item_id); otherwise (views, and the
+sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
+the pass already holds it and the pools are exactly its units (checked in the same query; see
+``_query``), which in a store of scored MCQ runs they are.
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -122,6 +127,10 @@ _MAX_DEN = 10**6
 # exercise that path
 WINDOW_SD = 6
 WINDOW_PAD = 16
+# bits of a mask word per slice of the test sums (``conf_split.sql``, ``test_slices``): the units are
+# grouped once per slice, by the slice's value (2**SLICE_BITS of them); a power of two, so that a
+# slice never straddles two words. Only speed depends on it (fewer, larger groupings vs more, smaller)
+SLICE_BITS = 8
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
 # unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
@@ -617,32 +626,36 @@ def _listed(template: str, repeats: int) -> str:
 
 def _split_extra(score: str, repeats: int) -> dict[str, str]:
     """Template values of ``conf_split.sql``: the per-repeat aggregates over the unit rows (heaps and
-    counts of calibration, test sums) and the lists that turn them into one row per repeat; for
-    sampling units also the majority-vote and hit sums."""
-    test_aggs = (
-        "count_if({test}) AS n_{r}, count_if({test} AND st <= {q}) AS cv_{r}, "
-        "count_if({test} AND coalesce(mn > {q}, true)) AS em_{r}, "
-        "sum(CASE WHEN {test} THEN n_lo ELSE 0 END) AS lo_{r}"
-    )
-    test_unnest = [
-        f"unnest({_listed('n_{r}', repeats)}) AS n",
-        f"unnest({_listed('coalesce(lo_{r}, 0) + coalesce(bd_{r}, 0)', repeats)}) AS sz",
-        f"unnest({_listed('cv_{r}', repeats)}) AS cv",
-        f"unnest({_listed('em_{r}', repeats)}) AS em",
-    ]
+    counts of calibration, the test units whose outcome depends on the repeat), the slices of the
+    mask words that give every repeat's test sums (``test_slices``), and the lists that turn them
+    into one row per repeat; for sampling units also the majority-vote and hit sums."""
+    counts = ["n", "lo", "cv", "em"]
+    slice_aggs = "count(*) AS n, sum(n_lo) AS lo, count_if(cv_all) AS cv, count_if(em_all) AS em"
     extra = {"per_rep_extra": "", "rep_stats_extra": "", "test_unit_cols": ""}
     if score == "sampling":
-        test_aggs += ", count_if({test} AND mv_correct) AS mv_{r}, count_if({test} AND hit) AS ht_{r}"
-        test_unnest += [
-            f"unnest({_listed('mv_{r}', repeats)}) AS mv",
-            f"unnest({_listed('ht_{r}', repeats)}) AS ht",
-        ]
+        counts += ["mv", "ht"]
+        slice_aggs += ", count_if(mv_correct) AS mv, count_if(hit) AS ht"
         extra = {
             "test_unit_cols": ", u.mv_correct, u.hit",
             "per_rep_extra": ", sum(mv)::DOUBLE / sum(n) AS mv_acc, sum(ht)::DOUBLE / sum(n) AS hit",
             "rep_stats_extra": ",\n           list_avg(list(mv_acc ORDER BY rep)) AS mv_accuracy_test"
             ",\n           list_avg(list(hit ORDER BY rep)) AS hit_rate_test",
         }
+    # slice j: SLICE_BITS bits of a mask word, repeats j * SLICE_BITS .. (j + 1) * SLICE_BITS - 1
+    per_word = 64 // SLICE_BITS
+    slices = "\n    UNION ALL\n    ".join(
+        f"SELECT gid, cov, {j} AS j, ((m{j // per_word} >> {SLICE_BITS * (j % per_word)}) "
+        f"& {(1 << SLICE_BITS) - 1}::UBIGINT)::INTEGER AS v,\n"
+        f"           {slice_aggs}\n    FROM test_units\n    GROUP BY gid, cov, v"
+        for j in range((repeats + SLICE_BITS - 1) // SLICE_BITS)
+    )
+    # test sums of a repeat: all units minus its calibration units, plus its border units or options
+    border = {"lo": "bo.bd", "cv": "bu.bcv", "em": "bu.bem"}
+    rep_cols = ",\n           ".join(
+        f"(t.{c} - coalesce(c.{c}, 0){f' + coalesce({border[c]}, 0)' if c in border else ''})::BIGINT"
+        f" AS {'sz' if c == 'lo' else c}"
+        for c in counts
+    )
     return {
         **extra,
         "band_aggs": _per_repeat(
@@ -659,10 +672,20 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
         "full_n": _listed("fn_{r}", repeats),
         "full_top": _listed("ft_{r}", repeats),
         "q_cols": ", ".join(f"coalesce(qs[{r + 1}], 'infinity'::DOUBLE) AS q_{r}" for r in range(repeats)),
-        "test_aggs": _per_repeat(test_aggs, repeats),
+        "test_slices": slices,
+        "slice_sums": ", ".join(f"sum({c}) AS {c}" for c in counts),
+        "bu_aggs": _per_repeat(
+            "count_if({test} AND cv_border AND st <= {q}) AS bcv_{r}, "
+            "count_if({test} AND em_border AND mn > {q}) AS bem_{r}",
+            repeats,
+        ),
+        "bu_cv": _listed("bcv_{r}", repeats),
+        "bu_em": _listed("bem_{r}", repeats),
         "border_aggs": _per_repeat("count_if({test} AND s <= {q}) AS bd_{r}", repeats),
+        "bd_list": _listed("bd_{r}", repeats),
         "mask_cols": ", ".join(f"u.m{w}" for w in range(_words(repeats))),
-        "test_unnest": ",\n           ".join(test_unnest),
+        "test_rep_cols": rep_cols,
+        "slice_bits": str(SLICE_BITS),
     }
 
 
@@ -839,8 +862,8 @@ def _cached_option_units(
         gkeys = "gkeys AS (SELECT 1 AS gid)"
     words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
     cov_join = (
-        f"\n    JOIN (SELECT rowid AS sc_row, {cov} FROM {_row_relation(con, 'scored')}) sc "
-        "ON sc.sc_row = t.sc_row"
+        f"\n    JOIN (SELECT rowid AS sc_row, {cov} FROM {_row_relation(con, 'scored')} "
+        f"WHERE sample_index = {sample}) sc ON sc.sc_row = t.sc_row"
         if cov
         else ""
     )
