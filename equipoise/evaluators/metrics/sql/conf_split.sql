@@ -118,7 +118,7 @@ q_cols AS (
 -- q_hi] (em_border) depends on the repeat.
 -- (materialized: narrow rows, read by every slice below)
 test_units AS MATERIALIZED (
-    SELECT *, coalesce(st <= q_lo, false) AS cv_all, coalesce(mn > q_hi, true) AS em_all,
+    SELECT * EXCLUDE (q_lo, q_hi), coalesce(st <= q_lo, false) AS cv_all, coalesce(mn > q_hi, true) AS em_all,
            coalesce(st > q_lo AND st <= q_hi, false) AS cv_border,
            coalesce(mn > q_lo AND mn <= q_hi, false) AS em_border
     FROM (SELECT u.gid, u.cov, u.st, {mask_cols}{test_unit_cols},
@@ -157,7 +157,7 @@ test_bu AS (
     SELECT gid, cov, unnest(range({repeats})) AS rep, unnest({bu_cv}) AS bcv, unnest({bu_em}) AS bem
     FROM (SELECT gid, cov, {bu_aggs}
           FROM test_units
-          JOIN (SELECT * EXCLUDE (q_lo, q_hi) FROM q_cols) USING (gid)
+          JOIN q_cols USING (gid)
           WHERE cv_border OR em_border
           GROUP BY gid, cov)
 ),
