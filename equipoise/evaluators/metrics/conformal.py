@@ -49,15 +49,20 @@ Calibration mask. Which units calibrate in which repeat depends only on the unit
 run_id and unit key of each), the seed, the repeats and cal_fraction, never on the score. It is
 computed once as one bit per unit and repeat (UBIGINT words m0, m1, ...: bit r % 64 of word r // 64
 is set iff the unit is calibration in repeat r, so any number of repeats fits) and every per-repeat
-sum is then an aggregate of its own over the unit rows, all repeats side by side in one scan
-(count_if(<bit r clear> AND st <= q_r), ...), instead of units x repeats rows. When the base
+sum is then computed without units x repeats rows: the calibration heaps as an aggregate per repeat
+over the unit rows, all repeats side by side in one scan, and the test sums (units, covered, empty,
+set size) as the sums over all units minus those over the repeat's calibration units, the latter
+read from the units grouped once per 8-bit slice of their mask words (``SLICE_BITS``); only the few
+units whose coverage or emptiness differs between repeats (a score between the repeats' smallest
+and largest q_hat) get an aggregate per repeat (``sql/conf_split.sql``). When the base
 relations are fixed for the connection (a read-only pass, ``registry.prepare(materialize=True)``),
 LAC, APS and coverage_by share one unit set (sample ``sample_index`` of each run x item with option
 scores), so its mask is a TEMP table computed once per connection and parameters, and LAC / plain
-APS build their units on it; otherwise (views, and the sampling pools) each query computes it inline,
-except that pools 'item' read that TEMP table when the pass already holds it and the pools are
-exactly its units (checked in the same query; see ``_query``), which in a store of scored MCQ runs
-they are.
+APS build their units on it, fetching each unit's scores (and coverage_by its column) by the rowid
+the table holds, not by a join on the string keys (run_id, item_id); otherwise (views, and the
+sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
+the pass already holds it and the pools are exactly its units (checked in the same query; see
+``_query``), which in a store of scored MCQ runs they are.
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -122,6 +127,10 @@ _MAX_DEN = 10**6
 # exercise that path
 WINDOW_SD = 6
 WINDOW_PAD = 16
+# bits of a mask word per slice of the test sums (``conf_split.sql``, ``test_slices``): the units are
+# grouped once per slice, by the slice's value (2**SLICE_BITS of them); a power of two, so that a
+# slice never straddles two words. Only speed depends on it (fewer, larger groupings vs more, smaller)
+SLICE_BITS = 8
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
 # unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
@@ -617,32 +626,36 @@ def _listed(template: str, repeats: int) -> str:
 
 def _split_extra(score: str, repeats: int) -> dict[str, str]:
     """Template values of ``conf_split.sql``: the per-repeat aggregates over the unit rows (heaps and
-    counts of calibration, test sums) and the lists that turn them into one row per repeat; for
-    sampling units also the majority-vote and hit sums."""
-    test_aggs = (
-        "count_if({test}) AS n_{r}, count_if({test} AND st <= {q}) AS cv_{r}, "
-        "count_if({test} AND coalesce(mn > {q}, true)) AS em_{r}, "
-        "sum(CASE WHEN {test} THEN n_lo ELSE 0 END) AS lo_{r}"
-    )
-    test_unnest = [
-        f"unnest({_listed('n_{r}', repeats)}) AS n",
-        f"unnest({_listed('coalesce(lo_{r}, 0) + coalesce(bd_{r}, 0)', repeats)}) AS sz",
-        f"unnest({_listed('cv_{r}', repeats)}) AS cv",
-        f"unnest({_listed('em_{r}', repeats)}) AS em",
-    ]
+    counts of calibration, the test units whose outcome depends on the repeat), the slices of the
+    mask words that give every repeat's test sums (``test_slices``), and the lists that turn them
+    into one row per repeat; for sampling units also the majority-vote and hit sums."""
+    counts = ["n", "lo", "cv", "em"]
+    slice_aggs = "count(*) AS n, sum(n_lo) AS lo, count_if(cv_all) AS cv, count_if(em_all) AS em"
     extra = {"per_rep_extra": "", "rep_stats_extra": "", "test_unit_cols": ""}
     if score == "sampling":
-        test_aggs += ", count_if({test} AND mv_correct) AS mv_{r}, count_if({test} AND hit) AS ht_{r}"
-        test_unnest += [
-            f"unnest({_listed('mv_{r}', repeats)}) AS mv",
-            f"unnest({_listed('ht_{r}', repeats)}) AS ht",
-        ]
+        counts += ["mv", "ht"]
+        slice_aggs += ", count_if(mv_correct) AS mv, count_if(hit) AS ht"
         extra = {
             "test_unit_cols": ", u.mv_correct, u.hit",
             "per_rep_extra": ", sum(mv)::DOUBLE / sum(n) AS mv_acc, sum(ht)::DOUBLE / sum(n) AS hit",
             "rep_stats_extra": ",\n           list_avg(list(mv_acc ORDER BY rep)) AS mv_accuracy_test"
             ",\n           list_avg(list(hit ORDER BY rep)) AS hit_rate_test",
         }
+    # slice j: SLICE_BITS bits of a mask word, repeats j * SLICE_BITS .. (j + 1) * SLICE_BITS - 1
+    per_word = 64 // SLICE_BITS
+    slices = "\n    UNION ALL\n    ".join(
+        f"SELECT gid, cov, {j} AS j, ((m{j // per_word} >> {SLICE_BITS * (j % per_word)}) "
+        f"& {(1 << SLICE_BITS) - 1}::UBIGINT)::INTEGER AS v,\n"
+        f"           {slice_aggs}\n    FROM test_units\n    GROUP BY gid, cov, v"
+        for j in range((repeats + SLICE_BITS - 1) // SLICE_BITS)
+    )
+    # test sums of a repeat: all units minus its calibration units, plus its border units or options
+    border = {"lo": "bo.bd", "cv": "bu.bcv", "em": "bu.bem"}
+    rep_cols = ",\n           ".join(
+        f"(t.{c} - coalesce(c.{c}, 0){f' + coalesce({border[c]}, 0)' if c in border else ''})::BIGINT"
+        f" AS {'sz' if c == 'lo' else c}"
+        for c in counts
+    )
     return {
         **extra,
         "band_aggs": _per_repeat(
@@ -659,10 +672,20 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
         "full_n": _listed("fn_{r}", repeats),
         "full_top": _listed("ft_{r}", repeats),
         "q_cols": ", ".join(f"coalesce(qs[{r + 1}], 'infinity'::DOUBLE) AS q_{r}" for r in range(repeats)),
-        "test_aggs": _per_repeat(test_aggs, repeats),
+        "test_slices": slices,
+        "slice_sums": ", ".join(f"sum({c}) AS {c}" for c in counts),
+        "bu_aggs": _per_repeat(
+            "count_if({test} AND cv_border AND st <= {q}) AS bcv_{r}, "
+            "count_if({test} AND em_border AND mn > {q}) AS bem_{r}",
+            repeats,
+        ),
+        "bu_cv": _listed("bcv_{r}", repeats),
+        "bu_em": _listed("bem_{r}", repeats),
         "border_aggs": _per_repeat("count_if({test} AND s <= {q}) AS bd_{r}", repeats),
+        "bd_list": _listed("bd_{r}", repeats),
         "mask_cols": ", ".join(f"u.m{w}" for w in range(_words(repeats))),
-        "test_unnest": ",\n           ".join(test_unnest),
+        "test_rep_cols": rep_cols,
+        "slice_bits": str(SLICE_BITS),
     }
 
 
@@ -738,31 +761,49 @@ def _inline_mask(
     return f"mask_units AS (SELECT {cols} FROM units),\n{mask},\n"
 
 
-def _mask_identity_sql(values: dict) -> str:
-    """CTEs ``base`` (every prediction of the sample: gid, sid, run_id, ukey = item_id, has_probs)
-    and ``units`` (those with option scores) of the shared mask table: the identity columns of the
-    LAC units (``conf_option_units.sql``), numbered the same way (``_ids_sql``). Whether a
-    prediction has option scores is read from ``scored_probs`` (``n_scored``: a column of the store's
-    ``facts_scored``, so no join of ``sample_probs`` on the two string keys (run_id, item_id) just to
-    learn which rows it has; without facts it is a view doing that same join)."""
+def _row_relation(con: duckdb.DuckDBPyConnection, relation: str) -> str:
+    """The table holding base relation ``relation`` on a connection with fixed base relations, so
+    that its ``rowid`` can be read: the store's fact table when the facts are in use (the TEMP view
+    over it has no rowid), else the connection's TEMP table of that name."""
+    return f"main.facts_{relation}" if uses_facts(con) else relation
+
+
+def _mask_identity_sql(con: duckdb.DuckDBPyConnection, values: dict) -> str:
+    """CTEs ``base`` (every prediction of the sample: gid, sid, run_id, ukey = item_id, the rowid
+    sc_row of its row in ``scored``, the rowid sp_row of its ``sample_probs`` row (NULL: none, i.e.
+    no option scores) and has_probs) and ``units`` (those with option scores) of the shared mask
+    table: the identity columns of the LAC units (``conf_option_units.sql``), numbered the same way
+    (``_ids_sql``). The two rowids are why: the metrics reading the table (``_cached_option_units``)
+    fetch a unit's scores and reported column by one integer each (the relations are fixed for the
+    connection) instead of joining on the two string keys (run_id, item_id) in every metric; the one
+    string join to ``sample_probs`` is paid here, once per connection."""
     keep = ", ".join(dict.fromkeys(["run_id", "item_id", *values["by_cols"], *values["strat_cols"]]))
+    sample = values["sample_index"]
     return f"""sc0 AS NOT MATERIALIZED (  -- each consumer rescans the few columns it reads
-    SELECT {keep}, n_scored FROM scored_probs WHERE sample_index = {values["sample_index"]}
+    SELECT rowid AS sc_row, {keep} FROM {_row_relation(con, "scored")} WHERE sample_index = {sample}
+),
+sp0 AS (
+    SELECT rowid AS sp_row, run_id, item_id
+    FROM {_row_relation(con, "sample_probs")}
+    WHERE sample_index = {sample}
 ),
 {_ids_sql("sc0", values)}
 base AS (
-    SELECT g.gid, s.sid, sc.run_id, sc.item_id AS ukey, sc.n_scored IS NOT NULL AS has_probs
+    SELECT g.gid, s.sid, sc.run_id, sc.item_id AS ukey, sc.sc_row, sp.sp_row,
+           sp.sp_row IS NOT NULL AS has_probs
     FROM sc0 sc
     JOIN gkeys g ON {_ids_on("g", values["by_cols"])}
     JOIN skeys s ON {_ids_on("s", values["strat_cols"])}
+    LEFT JOIN sp0 sp ON sp.run_id = sc.run_id AND sp.item_id = sc.item_id
 ),
-units AS (SELECT gid, sid, run_id, ukey FROM base WHERE has_probs)"""
+units AS (SELECT gid, sid, run_id, ukey, sc_row, sp_row FROM base WHERE has_probs)"""
 
 
 def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
     """The TEMP table of the option units' calibration mask (computed here if missing): one row per
-    prediction of the sample (gid, sid, run_id, ukey = item_id, mask words m0, ...; NULL words: the
-    item has no option scores, so it is no unit).
+    prediction of the sample (gid, sid, run_id, ukey = item_id, sc_row, sp_row (see
+    ``_mask_identity_sql``), mask words m0, ...; NULL words: the item has no option scores, so it is
+    no unit).
 
     The mask depends on the unit set (group, stratum, run_id and unit key of each unit), the seed,
     the repeats and cal_fraction, never on the score: LAC, APS (randomised or not) and coverage_by
@@ -776,12 +817,13 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dic
 def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
     """The query of the option units' mask table (``_option_mask_table``); it reads the shared split
     keys of item_id (``_split_keys_source``: computed there if this connection lacks them)."""
-    identity = _mask_identity_sql(values)
+    identity = _mask_identity_sql(con, values)
     nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
-    mask = _inline_mask(con, "lac", values, params, "gid, sid, run_id, ukey", keep_identity=True)
+    cols = "gid, sid, run_id, ukey, sc_row, sp_row"
+    mask = _inline_mask(con, "lac", values, params, cols, keep_identity=True)
     return (
         f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
-        f"UNION ALL SELECT gid, sid, run_id, ukey, {nulls} FROM base WHERE NOT has_probs"
+        f"UNION ALL SELECT {cols}, {nulls} FROM base WHERE NOT has_probs"
     )
 
 
@@ -800,11 +842,14 @@ def _existing_option_mask(con: duckdb.DuckDBPyConnection, values: dict, params: 
     return table if table in temps else None
 
 
-def _cached_option_units(table: str, score: str, values: dict, params: dict, cov: str | None) -> str:
+def _cached_option_units(
+    con: duckdb.DuckDBPyConnection, table: str, score: str, values: dict, params: dict, cov: str | None
+) -> str:
     """``base`` and ``units`` of LAC / plain APS read from the mask table and the per-sample facts:
     the mask table already holds every prediction's group, stratum and unit key, so only the scores
-    (``sample_probs``) and, for coverage_by, the reported column are joined to it; ``gkeys`` gives
-    the grouping values of the output (numbered as in the mask's query)."""
+    (``sample_probs``) and, for coverage_by, the reported column (``scored``) are fetched, each by
+    the rowid the mask table holds (``_mask_identity_sql``); ``gkeys`` gives the grouping values of
+    the output (numbered as in the mask's query)."""
     sample = values["sample_index"]
     by = values["by_cols"]
     if by:
@@ -817,13 +862,18 @@ def _cached_option_units(table: str, score: str, values: dict, params: dict, cov
         gkeys = "gkeys AS (SELECT 1 AS gid)"
     words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
     cov_join = (
-        f"\n    JOIN scored sc ON sc.run_id = t.run_id AND sc.item_id = t.ukey AND sc.sample_index = {sample}"
+        f"\n    JOIN (SELECT rowid AS sc_row, {cov} FROM {_row_relation(con, 'scored')} "
+        f"WHERE sample_index = {sample}) sc ON sc.sc_row = t.sc_row"
         if cov
         else ""
     )
+    probs = (
+        f"SELECT rowid AS sp_row, target_prob IS NOT NULL AS has_target, {score}_scores AS ss, "
+        f"{score}_target AS st FROM {_row_relation(con, 'sample_probs')} WHERE sample_index = {sample}"
+    )
     return f"""{gkeys},
 probs AS (
-    {_SCORES_FACT.format(score=score, sample_index=sample)}
+    {probs}
 ),
 base AS (  -- every prediction of the sample: its group and whether it has option scores
     SELECT t.gid, {values["g_by"]}t.m0 IS NOT NULL AS has_probs FROM {table} t JOIN gkeys g USING (gid)
@@ -832,7 +882,7 @@ units AS (
     SELECT t.gid, t.sid, t.run_id, t.ukey, {f"sc.{cov}" if cov else "NULL"} AS cov, pr.ss, pr.st,
            NOT pr.has_target AS target_unscored, {words}
     FROM {table} t
-    JOIN probs pr ON pr.run_id = t.run_id AND pr.item_id = t.ukey{cov_join}
+    JOIN probs pr ON pr.sp_row = t.sp_row{cov_join}
     WHERE t.m0 IS NOT NULL
 )"""
 
@@ -899,7 +949,7 @@ def _query(
         if score == "aps" and params.get("aps_randomized"):
             units_m = joined.format(words=words, table=table)
         else:
-            units = _cached_option_units(table, score, values, params, cov)
+            units = _cached_option_units(con, table, score, values, params, cov)
             units_m = "SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)"
     split = _render("conf_split.sql", units_m_sql=units_m, **values, **_split_extra(score, values["repeats"]))
     check_col = ""

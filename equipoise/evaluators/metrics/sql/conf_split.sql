@@ -9,11 +9,14 @@
 -- Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha))
 -- with alpha = {alpha_num}/{alpha_den}, in integer arithmetic; k > n gives NULL q_hat = full sets.
 --
--- How, without units x repeats rows: every per-repeat sum is its own aggregate over the unit rows
--- (conformal.py writes one expression per repeat, e.g. count_if(<bit r clear> AND st <= q_r)), so one
--- scan of the units gives the sums of every repeat side by side, and they are then turned into one
--- row per repeat. The thresholds of a group's repeats are joined to its units as columns q_0 ...
--- (one row per group). q_hat keeps the bounded heap over the units above a band floor (below).
+-- How, without units x repeats rows: the calibration sums are aggregates of their own per repeat
+-- over the unit rows (conformal.py writes one expression per repeat, e.g. count_if(<bit r set>)), so
+-- one scan of the units gives the sums of every repeat side by side, and they are then turned into
+-- one row per repeat. The thresholds of a group's repeats are joined to its units as columns q_0 ...
+-- (one row per group). q_hat keeps the bounded heap over the units above a band floor (below). The
+-- test sums are all units' sums minus the calibration units', grouped by slices of the mask words
+-- (`test_slices`), plus one aggregate per repeat over the few units whose outcome differs between
+-- repeats.
 strata AS (  -- n_cal per group x stratum: fixed, the same in every repeat
     SELECT gid, sid, count(*) AS n_stratum, (2 * {cal_num} * count(*) + {cal_den}) // (2 * {cal_den}) AS n_cal
     FROM units
@@ -106,39 +109,76 @@ q_cols AS (
           FROM thr_q
           GROUP BY gid)
 ),
--- test: mask bit of the repeat clear; the set {{options with s <= q_hat}}. Per test unit its size is
--- the options at or below q_lo (n_lo, in every repeat's set) plus its few options in (q_lo, q_hi]
--- that are <= q_r (`test_border`); it is empty iff its smallest score exceeds q_r (or it has no
--- option). Summed per group and coverage_by value, every repeat side by side: units, covered units,
--- empty sets, set sizes
--- (materialized: narrow rows, so that n_lo and mn are computed once, not once per repeat's expression)
+-- test: mask bit of the repeat clear; the set {{options with s <= q_hat}}. q_lo <= q_r <= q_hi in every
+-- repeat, so most of a test unit's outcome is the same in every repeat: its set holds the options at
+-- or below q_lo (n_lo) plus its few options in (q_lo, q_hi] that are <= q_r (`test_border`); it
+-- covers the target in every repeat where st <= q_lo (cv_all), in none where st > q_hi or st is
+-- NULL, and only st in (q_lo, q_hi] (cv_border) depends on the repeat; likewise it is empty in every
+-- repeat where its smallest score mn > q_hi or it has no option (em_all), and only mn in (q_lo,
+-- q_hi] (em_border) depends on the repeat.
+-- (materialized: narrow rows, read by every slice below)
 test_units AS MATERIALIZED (
-    SELECT u.gid, u.cov, u.st, {mask_cols}{test_unit_cols}, len(list_filter(u.ss, lambda x: x <= q.q_lo)) AS n_lo,
-           list_min(u.ss) AS mn
-    FROM units_m u
-    JOIN q_cols q USING (gid)
-    WHERE u.ss IS NOT NULL
-),
-test_wide AS (
-    SELECT gid, cov, {test_aggs}
-    FROM test_units
-    JOIN q_cols USING (gid)
-    GROUP BY gid, cov
-),
-test_border AS (
-    SELECT gid, cov, {border_aggs}
-    FROM (SELECT u.gid, u.cov, {mask_cols}, q.* EXCLUDE (gid),
-                 unnest(list_filter(u.ss, lambda x: x > q.q_lo AND x <= q.q_hi)) AS s
+    SELECT * EXCLUDE (q_lo, q_hi), coalesce(st <= q_lo, false) AS cv_all, coalesce(mn > q_hi, true) AS em_all,
+           coalesce(st > q_lo AND st <= q_hi, false) AS cv_border,
+           coalesce(mn > q_lo AND mn <= q_hi, false) AS em_border
+    FROM (SELECT u.gid, u.cov, u.st, {mask_cols}{test_unit_cols},
+                 len(list_filter(u.ss, lambda x: x <= q.q_lo)) AS n_lo, list_min(u.ss) AS mn, q.q_lo, q.q_hi
           FROM units_m u
           JOIN q_cols q USING (gid)
-          WHERE u.ss IS NOT NULL AND q.q_lo < q.q_hi)
+          WHERE u.ss IS NOT NULL)
+),
+-- The repeat-independent sums over a repeat's test units = the sums over all units minus those over
+-- its calibration units (mask bit set). Without an expression per repeat: the units are grouped by
+-- each {slice_bits}-bit slice j of their mask words (slice value v), once per slice, summing the
+-- per-unit counts; repeat r's calibration sums are then the sums of the slice rows of its slice
+-- whose bit r % {slice_bits} is set (a few hundred rows per group, not one expression per unit and
+-- repeat).
+-- Integer sums only, so every repeat's counts are exactly those of a per-repeat count.
+test_slices AS (
+    {test_slices}
+),
+rep_bits AS (  -- repeat r: its slice j and bit b
+    SELECT range AS rep, range // {slice_bits} AS j, range % {slice_bits} AS b FROM range({repeats})
+),
+test_tot AS (  -- the sums over all units (any one slice's rows hold every unit once)
+    SELECT gid, cov, {slice_sums}
+    FROM test_slices
+    WHERE j = 0
     GROUP BY gid, cov
+),
+test_cal AS (  -- per repeat, the sums over its calibration units
+    SELECT s.gid, s.cov, r.rep, {slice_sums}
+    FROM test_slices s
+    JOIN rep_bits r ON r.j = s.j AND (s.v >> r.b) & 1 = 1
+    GROUP BY s.gid, s.cov, r.rep
+),
+-- the units whose coverage or emptiness depends on the repeat: one count per repeat
+test_bu AS (
+    SELECT gid, cov, unnest(range({repeats})) AS rep, unnest({bu_cv}) AS bcv, unnest({bu_em}) AS bem
+    FROM (SELECT gid, cov, {bu_aggs}
+          FROM test_units
+          JOIN q_cols USING (gid)
+          WHERE cv_border OR em_border
+          GROUP BY gid, cov)
+),
+test_border AS (
+    SELECT gid, cov, unnest(range({repeats})) AS rep, unnest({bd_list}) AS bd
+    FROM (SELECT gid, cov, {border_aggs}
+          FROM (SELECT u.gid, u.cov, {mask_cols}, q.* EXCLUDE (gid),
+                       unnest(list_filter(u.ss, lambda x: x > q.q_lo AND x <= q.q_hi)) AS s
+                FROM units_m u
+                JOIN q_cols q USING (gid)
+                WHERE u.ss IS NOT NULL AND q.q_lo < q.q_hi)
+          GROUP BY gid, cov)
 ),
 -- per group, coverage_by value and repeat (a repeat without test units there has n = 0)
 test_rep AS (
-    SELECT w.gid, w.cov, unnest(range({repeats})) AS rep, {test_unnest}
-    FROM test_wide w
-    LEFT JOIN test_border b ON b.gid = w.gid AND b.cov IS NOT DISTINCT FROM w.cov
+    SELECT t.gid, t.cov, r.rep, {test_rep_cols}
+    FROM test_tot t
+    CROSS JOIN (SELECT range AS rep FROM range({repeats})) r
+    LEFT JOIN test_cal c ON c.gid = t.gid AND c.cov IS NOT DISTINCT FROM t.cov AND c.rep = r.rep
+    LEFT JOIN test_bu bu ON bu.gid = t.gid AND bu.cov IS NOT DISTINCT FROM t.cov AND bu.rep = r.rep
+    LEFT JOIN test_border bo ON bo.gid = t.gid AND bo.cov IS NOT DISTINCT FROM t.cov AND bo.rep = r.rep
 ),
 per_rep AS (  -- per group and repeat with test units: the means over its test units
     SELECT gid, rep, sum(n)::BIGINT AS n_test, sum(sz)::DOUBLE / sum(n) AS set_size,
