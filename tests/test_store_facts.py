@@ -225,7 +225,7 @@ def test_refresh_after_a_few_runs_change_recomputes_only_those_and_equals_a_full
     # the per-sample conformal score lists are among the compared facts (and not all empty)
     assert got["facts_sample_probs"]["aps_scores"].map(len).sum() > 0
     for t in facts.FACT_TABLES:
-        pd.testing.assert_frame_equal(got[t], want[t], obj=t)
+        pd.testing.assert_frame_equal(got[t], want[t], obj=t, check_exact=True)
         runs_in = set(got[t]["run_id"])
         assert new in runs_in and changed in runs_in and gone not in runs_in
     a, used_a = _metrics(inc, None)
@@ -291,7 +291,7 @@ def test_a_refresh_in_batches_of_runs_gives_the_facts_of_one_pass(
 
     got, want = _fact_frames(batched), _fact_frames(one)
     for t in facts.FACT_TABLES:
-        pd.testing.assert_frame_equal(got[t], want[t], obj=t)
+        pd.testing.assert_frame_equal(got[t], want[t], obj=t, check_exact=True)
     a, used_a = _metrics(batched, None)
     b, used_b = _metrics(one, None)
     assert used_a and used_b
