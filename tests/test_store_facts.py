@@ -441,3 +441,42 @@ def test_facts_are_bit_identical_whatever_the_threads_and_batches(
     assert all(n > 0 for n, _ in want.values())
     differ = sorted(t for t in facts.FACT_TABLES if got[t] != want[t])
     assert differ == [], f"fact tables that depend on threads or batches: {differ}"
+
+
+def _metrics_threads(path: Path, threads: int, force_parallel: bool) -> dict[str, pd.DataFrame]:
+    """Every metric (default grouping) over the store's current facts, with ``threads`` DuckDB
+    threads and, with ``force_parallel``, parallelism forced onto small data (see below)."""
+    _load_all()
+    con = connect(path, read_only=True)
+    try:
+        con.execute(f"SET threads = {threads}")
+        if force_parallel:
+            con.execute("PRAGMA verify_parallelism")
+        prepare(con, materialize=True)
+        assert uses_facts(con)
+        return {name: compute(con, name) for name in sorted(REGISTRY)}
+    finally:
+        con.close()
+
+
+def test_metrics_over_facts_are_bit_identical_whatever_the_threads(store: Path, tmp_path: Path) -> None:
+    """The metrics a pass over current facts reports do not depend on DuckDB's threads: one thread,
+    or four with parallelism forced (``PRAGMA verify_parallelism``, as in the fact test above: this
+    store is too small to be read in parallel otherwise). Sums of non-integer doubles in the metric
+    SQL add value-sorted lists (calibration: cal_bins, cal_ece, cal_brier, cal_brier_multiclass,
+    cal_selective), so a parallel sum's order cannot reach the last bit. Compared exactly."""
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(store.read_bytes())
+    con = connect(path)
+    facts.refresh(con)
+    con.close()
+    one = _metrics_threads(path, 1, force_parallel=False)
+    four = _metrics_threads(path, 4, force_parallel=True)
+    assert sum(len(df) for df in one.values()) > 100
+    differ = []
+    for name in one:
+        try:
+            pd.testing.assert_frame_equal(four[name], one[name], check_exact=True, obj=name)
+        except AssertionError:
+            differ.append(name)
+    assert differ == [], f"metrics that depend on DuckDB's threads: {differ}"

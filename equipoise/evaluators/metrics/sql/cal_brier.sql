@@ -7,8 +7,9 @@ SELECT {by}
        count(*) FILTER (WHERE cal_status = 'unparsed')                 AS n_unparsed,
        count(*) FILTER (WHERE cal_status = 'no_confidence')            AS n_no_confidence,
        avg(correct::DOUBLE) FILTER (WHERE used)                        AS accuracy,
-       avg(confidence) FILTER (WHERE used)                             AS mean_confidence,
-       avg((confidence - correct::DOUBLE) ^ 2) FILTER (WHERE used)     AS brier
+       -- doubles averaged over value-sorted lists: the same bits whatever the threads
+       list_avg(list_sort(list(confidence) FILTER (WHERE used)))        AS mean_confidence,
+       list_avg(list_sort(list((confidence - correct::DOUBLE) ^ 2) FILTER (WHERE used))) AS brier
 FROM cal_samples
 {group_by}
 ORDER BY ALL

@@ -18,7 +18,8 @@ SELECT {by}
        count(*) FILTER (WHERE n_scored IS NULL)                        AS n_unscored,
        count(*) FILTER (WHERE full_cover AND cal_status = 'unparsed') AS n_used_unparsed,
        count(*) FILTER (WHERE full_cover) / count(*)                   AS coverage,
-       avg(bs) FILTER (WHERE full_cover)                               AS brier_multiclass
+       -- averaged over a value-sorted list: the same bits whatever the threads
+       list_avg(list_sort(list(bs) FILTER (WHERE full_cover)))          AS brier_multiclass
 FROM s
 {group_by}
 ORDER BY ALL

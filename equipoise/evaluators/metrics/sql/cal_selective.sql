@@ -20,15 +20,16 @@
 -- continuous confidences): the same terms as a row-by-row window, without ranking every row. The
 -- oracle's sum over k = C+1..N of (k - C) / k is summed term by term, as exact as the row form.
 -- Names must not reuse a STRATA column (`k` is a stratum column of cal_samples), hence the lambda
--- variables j and q.
+-- variables j and q. The block terms are summed over a value-sorted list, not a parallel sum()
+-- whose order (so last bit) follows the threads: the same rows give the same bits.
 WITH g AS (
     SELECT {by}
            {block_counts},
            coalesce(sum(e_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n_errors,
-           sum(CASE WHEN n_b = 1 THEN (e_before + e_b)::DOUBLE / (k_before + 1)
+           list_sum(list_sort(list(CASE WHEN n_b = 1 THEN (e_before + e_b)::DOUBLE / (k_before + 1)
                     ELSE list_sum(list_transform(range(1, n_b + 1),
                                   lambda j: (e_before + j * e_b::DOUBLE / n_b) / (k_before + j))) END)
-               FILTER (WHERE cal_status = 'used')                    AS risk_sum
+               FILTER (WHERE cal_status = 'used')))                  AS risk_sum
     FROM cal_blocks
     {group_by}
 ),
