@@ -225,7 +225,7 @@ def test_refresh_after_a_few_runs_change_recomputes_only_those_and_equals_a_full
     # the per-sample conformal score lists are among the compared facts (and not all empty)
     assert got["facts_sample_probs"]["aps_scores"].map(len).sum() > 0
     for t in facts.FACT_TABLES:
-        pd.testing.assert_frame_equal(got[t], want[t], obj=t)
+        pd.testing.assert_frame_equal(got[t], want[t], obj=t, check_exact=True)
         runs_in = set(got[t]["run_id"])
         assert new in runs_in and changed in runs_in and gone not in runs_in
     a, used_a = _metrics(inc, None)
@@ -291,7 +291,7 @@ def test_a_refresh_in_batches_of_runs_gives_the_facts_of_one_pass(
 
     got, want = _fact_frames(batched), _fact_frames(one)
     for t in facts.FACT_TABLES:
-        pd.testing.assert_frame_equal(got[t], want[t], obj=t)
+        pd.testing.assert_frame_equal(got[t], want[t], obj=t, check_exact=True)
     a, used_a = _metrics(batched, None)
     b, used_b = _metrics(one, None)
     assert used_a and used_b
@@ -380,3 +380,103 @@ def duckdb_default_limit() -> str:
         return con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
     finally:
         con.close()
+
+
+def _fact_digests(path: Path) -> dict[str, tuple[int, str]]:
+    """Per fact table: row count and the md5 of its rows, each row cast to text, sorted. Bit for
+    bit: DuckDB writes a double as the shortest text that reads back as the same double (a last-bit
+    difference shows, and so does -0.0), in list columns too; sorting the texts makes the digest
+    independent of the table's row order, which carries no meaning."""
+    con = connect(path, read_only=True)
+    try:
+        out = {}
+        for t in facts.FACT_TABLES:
+            cols = ", ".join(f'"{r[0]}"' for r in con.execute(f"DESCRIBE main.{t}").fetchall())
+            n, digest = con.execute(
+                f"""SELECT count(*), md5(coalesce(string_agg(r, chr(10) ORDER BY r), ''))
+                    FROM (SELECT CAST(ROW({cols}) AS VARCHAR) AS r FROM main.{t})"""
+            ).fetchall()[0]
+            out[t] = (n, digest)
+        return out
+    finally:
+        con.close()
+
+
+def test_facts_are_bit_identical_whatever_the_threads_and_batches(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same rows in, same fact bits out: one thread in one pass, or four threads with DuckDB's
+    parallelism forced onto this small store and a batch per run. Why it needs forcing: DuckDB
+    splits a scan into tasks per row group, so a store of a few thousand rows is read by one thread
+    and a parallel sum whose order varies would look deterministic here; ``PRAGMA
+    verify_parallelism`` makes every operator run in parallel on tiny morsels, so any aggregate
+    that sums doubles in thread order (``sum``, ``avg`` over DOUBLE) gives different last bits."""
+    one, many = tmp_path / "one.duckdb", tmp_path / "many.duckdb"
+    one.write_bytes(store.read_bytes())
+    many.write_bytes(store.read_bytes())
+    con = connect(one)
+    con.execute("SET threads = 1")
+    assert facts.refresh(con) is True
+    con.close()
+
+    con = connect(many)
+    n_runs, n_pred = con.execute("SELECT count(DISTINCT run_id), count(*) FROM predictions").fetchall()[0]
+    con.execute("SET threads = 4")
+    con.execute("PRAGMA verify_parallelism")
+    computed: list[str | None] = []
+    real = facts._compute
+
+    def spy(c, todo, create) -> None:
+        computed.append(todo)
+        real(c, todo, create)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(facts, "BATCH_PREDICTIONS", n_pred // n_runs)  # one run per batch
+        mp.setattr(facts, "_compute", spy)
+        assert facts.refresh(con) is True
+    con.close()
+    assert len(computed) == n_runs >= 3  # really in batches
+
+    got, want = _fact_digests(many), _fact_digests(one)
+    assert all(n > 0 for n, _ in want.values())
+    differ = sorted(t for t in facts.FACT_TABLES if got[t] != want[t])
+    assert differ == [], f"fact tables that depend on threads or batches: {differ}"
+
+
+def _metrics_threads(path: Path, threads: int, force_parallel: bool) -> dict[str, pd.DataFrame]:
+    """Every metric (default grouping) over the store's current facts, with ``threads`` DuckDB
+    threads and, with ``force_parallel``, parallelism forced onto small data (see below)."""
+    _load_all()
+    con = connect(path, read_only=True)
+    try:
+        con.execute(f"SET threads = {threads}")
+        if force_parallel:
+            con.execute("PRAGMA verify_parallelism")
+        prepare(con, materialize=True)
+        assert uses_facts(con)
+        return {name: compute(con, name) for name in sorted(REGISTRY)}
+    finally:
+        con.close()
+
+
+def test_metrics_over_facts_are_bit_identical_whatever_the_threads(store: Path, tmp_path: Path) -> None:
+    """The metrics a pass over current facts reports do not depend on DuckDB's threads: one thread,
+    or four with parallelism forced (``PRAGMA verify_parallelism``, as in the fact test above: this
+    store is too small to be read in parallel otherwise). Sums of non-integer doubles in the metric
+    SQL add value-sorted lists (calibration: cal_bins, cal_ece, cal_brier, cal_brier_multiclass,
+    cal_selective), so a parallel sum's order cannot reach the last bit. Compared exactly."""
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(store.read_bytes())
+    con = connect(path)
+    facts.refresh(con)
+    con.close()
+    one = _metrics_threads(path, 1, force_parallel=False)
+    four = _metrics_threads(path, 4, force_parallel=True)
+    assert sum(len(df) for df in one.values()) > 100
+    differ = []
+    for name in one:
+        try:
+            pd.testing.assert_frame_equal(four[name], one[name], check_exact=True, obj=name)
+        except AssertionError:
+            differ.append(name)
+    assert differ == [], f"metrics that depend on DuckDB's threads: {differ}"

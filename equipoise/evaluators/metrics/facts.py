@@ -83,8 +83,10 @@ BATCH_PREDICTIONS = 500_000
 REFRESH_MEMORY_LIMIT = 2 * 2**30
 # bump when the meaning of a fact changes in a way the SQL text does not show
 # 2: facts_scored holds the per-sample columns of scored_probs; 3: facts_unc_scores_<pool> hold the
-# md5 split bits and the item's rank in its run
-FACTS_FORMAT = 3
+# md5 split bits and the item's rank in its run; 4: every sum of doubles in the uncertainty scores
+# (option_entropy, semantic_entropy, pro and its per-sequence mean) adds a value-sorted list, so
+# the facts are the same bits whatever the threads and batches (the last bits change once)
+FACTS_FORMAT = 4
 
 
 def _definitions() -> str:

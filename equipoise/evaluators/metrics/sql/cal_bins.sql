@@ -3,7 +3,12 @@
 -- b/{n_bins} <= confidence < (b+1)/{n_bins}, the last bin closed at 1.0: bin_sql in calibration.py),
 -- plus one row with bin NULL for the group's excluded rows. n_b rows, of which n_unparsed /
 -- n_no_confidence by exclusion reason (only on the NULL bin), the mean confidence and accuracy of
--- the bin (conf_b, acc_b) and their sums. Empty bins have no row.
+-- the bin (conf_b, acc_b) and their sums. Empty bins have no row. The confidences (in [0, 1]) are
+-- summed exactly in fixed point, as integers in units of 2^-90 (HUGEINT), then rounded once: a
+-- parallel sum() of doubles adds in the order DuckDB's threads deliver the rows, so its last bits
+-- varied; an integer sum is the same in any order, and costs about what sum() does (a value-sorted
+-- list was 3-4x slower at 1M rows). A term's part below 2^-90 is dropped (not a visible bit of the
+-- result unless every term is that small). The 0/1 correct sums are exact in any order anyway.
 -- Why shared: both metrics bin every row of a group the same way; on a connection with fixed base
 -- relations calibration.py computes this once per (confidence, samples, by, n_bins) into a TEMP
 -- table, and each metric aggregates its few rows per group. Names must not reuse a STRATA column.
@@ -16,9 +21,9 @@ SELECT {by} bin,
        count(*)                                               AS n_b,
        count(*) FILTER (WHERE cal_status = 'unparsed')        AS n_unparsed,
        count(*) FILTER (WHERE cal_status = 'no_confidence')   AS n_no_confidence,
-       avg(confidence)                                        AS conf_b,
+       sum((confidence * (2::DOUBLE ^ 90))::HUGEINT)::DOUBLE / (2::DOUBLE ^ 90) / count(confidence) AS conf_b,
        avg(correct::DOUBLE)                                   AS acc_b,
-       sum(confidence)                                        AS conf_sum,
+       sum((confidence * (2::DOUBLE ^ 90))::HUGEINT)::DOUBLE / (2::DOUBLE ^ 90) AS conf_sum,
        sum(correct::DOUBLE)                                   AS correct_sum
 FROM b
 GROUP BY {by} bin

@@ -7,8 +7,12 @@ SELECT {by}
        count(*) FILTER (WHERE cal_status = 'unparsed')                 AS n_unparsed,
        count(*) FILTER (WHERE cal_status = 'no_confidence')            AS n_no_confidence,
        avg(correct::DOUBLE) FILTER (WHERE used)                        AS accuracy,
-       avg(confidence) FILTER (WHERE used)                             AS mean_confidence,
-       avg((confidence - correct::DOUBLE) ^ 2) FILTER (WHERE used)     AS brier
+       -- terms in [0, 1] summed exactly in fixed point (units of 2^-90, see cal_bins.sql): a parallel
+       -- avg() of doubles adds in thread order, so its last bits varied
+       sum((confidence * (2::DOUBLE ^ 90))::HUGEINT) FILTER (WHERE used)::DOUBLE / (2::DOUBLE ^ 90)
+         / count(confidence) FILTER (WHERE used)                       AS mean_confidence,
+       sum(((confidence - correct::DOUBLE) ^ 2 * (2::DOUBLE ^ 90))::HUGEINT) FILTER (WHERE used)::DOUBLE / (2::DOUBLE ^ 90)
+         / count(confidence) FILTER (WHERE used)                       AS brier
 FROM cal_samples
 {group_by}
 ORDER BY ALL

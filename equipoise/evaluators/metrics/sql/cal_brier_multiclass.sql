@@ -18,7 +18,10 @@ SELECT {by}
        count(*) FILTER (WHERE n_scored IS NULL)                        AS n_unscored,
        count(*) FILTER (WHERE full_cover AND cal_status = 'unparsed') AS n_used_unparsed,
        count(*) FILTER (WHERE full_cover) / count(*)                   AS coverage,
-       avg(bs) FILTER (WHERE full_cover)                               AS brier_multiclass
+       -- terms in [0, 2] summed exactly in fixed point (units of 2^-90, see cal_bins.sql): a parallel
+       -- avg() of doubles adds in thread order, so its last bits varied
+       sum((bs * (2::DOUBLE ^ 90))::HUGEINT) FILTER (WHERE full_cover)::DOUBLE / (2::DOUBLE ^ 90)
+         / count(bs) FILTER (WHERE full_cover)                         AS brier_multiclass
 FROM s
 {group_by}
 ORDER BY ALL

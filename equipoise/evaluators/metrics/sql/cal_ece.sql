@@ -3,7 +3,8 @@
 -- is counted in it and 0.0 in the first (exact at the edges: see bin_sql in calibration.py).
 -- ECE = sum_b (n_b / N) |acc_b - conf_b| over the non-empty bins, N = used rows;
 -- MCE = max_b |acc_b - conf_b|. Excluded rows are counted, never binned.
--- The per-bin counts and means come from cal_bins (cal_bins.sql, shared with reliability).
+-- The per-bin counts and means come from cal_bins (cal_bins.sql, shared with reliability). Sums of
+-- non-integer doubles over the bins add a value-sorted list (same bits whatever the threads).
 SELECT {by}
        sum(n_b)::BIGINT                                                   AS n_total,
        coalesce(sum(n_b) FILTER (WHERE bin IS NOT NULL), 0)::BIGINT       AS n,
@@ -13,9 +14,9 @@ SELECT {by}
        count(*) FILTER (WHERE bin IS NOT NULL)                            AS n_nonempty_bins,
        sum(correct_sum) FILTER (WHERE bin IS NOT NULL)
          / sum(n_b) FILTER (WHERE bin IS NOT NULL)                        AS accuracy,
-       sum(conf_sum) FILTER (WHERE bin IS NOT NULL)
+       list_sum(list_sort(list(conf_sum) FILTER (WHERE bin IS NOT NULL)))
          / sum(n_b) FILTER (WHERE bin IS NOT NULL)                        AS mean_confidence,
-       sum(n_b * abs(acc_b - conf_b)) FILTER (WHERE bin IS NOT NULL)
+       list_sum(list_sort(list(n_b * abs(acc_b - conf_b)) FILTER (WHERE bin IS NOT NULL)))
          / sum(n_b) FILTER (WHERE bin IS NOT NULL)                        AS ece,
        max(abs(acc_b - conf_b)) FILTER (WHERE bin IS NOT NULL)            AS mce
 FROM cal_bins

@@ -20,15 +20,19 @@
 -- continuous confidences): the same terms as a row-by-row window, without ranking every row. The
 -- oracle's sum over k = C+1..N of (k - C) / k is summed term by term, as exact as the row form.
 -- Names must not reuse a STRATA column (`k` is a stratum column of cal_samples), hence the lambda
--- variables j and q.
+-- variables j and q. The block terms (each in [0, n_b]) are summed exactly in fixed point, integers
+-- in units of 2^-90 (see cal_bins.sql), not by a parallel sum() whose order (so last bit) follows
+-- DuckDB's threads: the same rows give the same bits.
 WITH g AS (
     SELECT {by}
            {block_counts},
            coalesce(sum(e_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n_errors,
-           sum(CASE WHEN n_b = 1 THEN (e_before + e_b)::DOUBLE / (k_before + 1)
-                    ELSE list_sum(list_transform(range(1, n_b + 1),
-                                  lambda j: (e_before + j * e_b::DOUBLE / n_b) / (k_before + j))) END)
-               FILTER (WHERE cal_status = 'used')                    AS risk_sum
+           -- only the used blocks are computed: an excluded one may divide 0 by 0, and NaN has no integer
+           sum((CASE WHEN cal_status IS DISTINCT FROM 'used' THEN NULL
+                     WHEN n_b = 1 THEN (e_before + e_b)::DOUBLE / (k_before + 1)
+                     ELSE list_sum(list_transform(range(1, n_b + 1),
+                                   lambda j: (e_before + j * e_b::DOUBLE / n_b) / (k_before + j))) END
+                * (2::DOUBLE ^ 90))::HUGEINT) FILTER (WHERE cal_status = 'used')::DOUBLE / (2::DOUBLE ^ 90) AS risk_sum
     FROM cal_blocks
     {group_by}
 ),

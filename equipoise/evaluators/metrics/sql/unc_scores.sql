@@ -7,6 +7,10 @@
 -- '(no answer)' cluster. Nothing is dropped: a score that cannot be computed is NULL.
 -- Templated by equipoise.evaluators.metrics.uncertainty (strata, pool key, regular expressions), which
 -- appends the ORDER BY only where the rows are published (a sort is wasted under an aggregate).
+-- Every sum of doubles is list_sum over a list sorted by value, never a parallel sum()/avg(): those
+-- add in the order the threads (and the write-time batches, facts.py) deliver the rows, so their
+-- last bits varied from one run to the next; a sorted list fixes the order (equal values are the
+-- same double, so ties cannot reorder anything). Counts and averages of integers are exact anyway.
 WITH s AS (
     SELECT sc.*, {pool_key} AS pool_key,
            coalesce(sc.parsed_option_id, '(no answer)') AS cluster
@@ -26,7 +30,7 @@ consistency AS (
     SELECT c.run_id, c.pool_key,
            count(*)                                         AS n_clusters,
            1 - max(c.n_c) / any_value(p.m)                  AS sample_consistency,
-           0.0 - sum((c.n_c / p.m) * ln(c.n_c / p.m))        AS semantic_entropy
+           0.0 - list_sum(list_transform(list_sort(list(c.n_c / p.m)), lambda q: q * ln(q))) AS semantic_entropy
     FROM clusters c
     JOIN pool p ON p.run_id = c.run_id AND p.pool_key = c.pool_key
     GROUP BY c.run_id, c.pool_key
@@ -34,7 +38,7 @@ consistency AS (
 -- PRO: distinct sampled sequences (per prompt, i.e. per item and text) with their sequence
 -- log-probability; entropy of their renormalised probabilities (log-sum-exp form).
 seqs AS (
-    SELECT run_id, pool_key, item_id, raw_output, avg(token_logprob_sum) AS lp
+    SELECT run_id, pool_key, item_id, raw_output, list_avg(list_sort(list(token_logprob_sum))) AS lp
     FROM s
     WHERE token_logprob_sum IS NOT NULL
     GROUP BY run_id, pool_key, item_id, raw_output
@@ -43,11 +47,16 @@ seqs_c AS (
     SELECT run_id, pool_key, lp - max(lp) OVER (PARTITION BY run_id, pool_key) AS d
     FROM seqs
 ),
-pro AS (
-    SELECT run_id, pool_key, count(*) AS n_pro_sequences,
-           ln(sum(exp(d))) - sum(exp(d) * d) / sum(exp(d)) AS pro
+pro_d AS (
+    SELECT run_id, pool_key, count(*) AS n_pro_sequences, list_sort(list(d)) AS ds
     FROM seqs_c
     GROUP BY run_id, pool_key
+),
+pro AS (
+    SELECT run_id, pool_key, n_pro_sequences,
+           ln(list_sum(list_transform(ds, lambda x: exp(x))))
+             - list_sum(list_transform(ds, lambda x: exp(x) * x)) / list_sum(list_transform(ds, lambda x: exp(x))) AS pro
+    FROM pro_d
 ),
 s0 AS (
     SELECT s.*, r.decoding_json
@@ -57,7 +66,8 @@ s0 AS (
 ),
 opt0 AS (
     SELECT run_id, item_id, count(*) AS n_scored_options,
-           0.0 - sum(CASE WHEN prob > 0 THEN prob * ln(prob) ELSE 0 END) AS option_entropy
+           0.0 - list_sum(list_transform(list_sort(list(prob)),
+                                         lambda q: CASE WHEN q > 0 THEN q * ln(q) ELSE 0 END)) AS option_entropy
     FROM option_probs
     WHERE sample_index = 0
     GROUP BY run_id, item_id
