@@ -150,27 +150,64 @@ def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
     con.execute(sql)
 
 
-# share of the store file's size a metrics pass over its facts may hold in DuckDB (see cap_pass_memory)
-PASS_MEMORY_SHARE = 0.5
+# the memory cap of a metrics pass over current facts (see cap_pass_memory and pass_memory_cap)
+PASS_PEAK_SHARE = 0.9  # the pass's peak RSS target, as a share of the store file's size
+PASS_OUTSIDE_LIMIT = 0.25  # DuckDB's memory outside its memory_limit, as a share of the limit
+PASS_MEMORY_SHARE = 0.5  # the cap as a share of the store where the process's RSS is unknown
 PASS_MEMORY_FLOOR = 256 * 2**20
+# RSS of a process that has imported what a full pass imports (Python, DuckDB, pandas, pyarrow, and
+# scipy and scikit-learn, which metrics import on first use, after the cap is set): 213 MiB measured
+PASS_BASELINE_MIN = 224 * 2**20
+
+
+def process_rss() -> int | None:
+    """This process's resident memory now (``VmRSS``, Linux), in bytes; None where unknown."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def pass_memory_cap(store_bytes: int, rss_bytes: int | None) -> int:
+    """DuckDB's memory_limit for a pass over a store of ``store_bytes`` by a process that holds
+    ``rss_bytes`` already: what keeps the pass's peak RSS under ``PASS_PEAK_SHARE`` of the store.
+
+    The peak is about the RSS before the pass (at least ``PASS_BASELINE_MIN``: the libraries some
+    metrics import on first use come later), plus the limit, plus what DuckDB holds outside it
+    (allocator slack, result chunks, the Parquet writer): measured 89 MiB over a 385 MiB limit at
+    1M predictions (peak 681 MiB, 207 MiB before) and about 240 MiB over 2,420 MiB at 10M (peak
+    2.8 GiB), 23% and 10% of the limit; ``PASS_OUTSIDE_LIMIT`` takes 25%. So the limit is the room
+    left under the target, ``(PASS_PEAK_SHARE * store - rss) / (1 + PASS_OUTSIDE_LIMIT)``, at
+    least ``PASS_MEMORY_FLOOR`` (DuckDB needs a few MiB whatever the data). At 1M (770 MiB store)
+    that is about the half of the store the cap was before (375 MiB instead of 385 MiB); at 10M
+    (4,840 MiB) 3.2 GiB instead of 2.4 GiB, so fewer store blocks are evicted and read again.
+    Where the RSS is unknown the limit is ``PASS_MEMORY_SHARE`` of the store."""
+    if rss_bytes is None:
+        room = store_bytes * PASS_MEMORY_SHARE
+    else:
+        baseline = max(rss_bytes, PASS_BASELINE_MIN)
+        room = (store_bytes * PASS_PEAK_SHARE - baseline) / (1 + PASS_OUTSIDE_LIMIT)
+    return max(PASS_MEMORY_FLOOR, int(room))
 
 
 def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
-    """Lower DuckDB's memory_limit for a metrics pass over a store's fact tables to half the store
-    file's size (at least ``PASS_MEMORY_FLOOR``; a lower limit of the connection is kept, and a limit
-    its caller chose through ``store.connect(memory_limit=)``, e.g. ``--memory-limit``, higher or
-    lower, is left alone), for the rest of the connection.
+    """Lower DuckDB's memory_limit for a metrics pass over a store's fact tables to
+    ``pass_memory_cap`` (a lower limit of the connection is kept, and a limit its caller chose
+    through ``store.connect(memory_limit=)``, e.g. ``--memory-limit``, higher or lower, is left
+    alone), for the rest of the connection; the target is the issue's: the pass's peak RSS below
+    the store file's size.
 
     Why: with DuckDB's default (80% of RAM) nothing is ever evicted, so a pass's RSS grows metric by
     metric with every store block it read and every cache it made (1,009 MiB at 1M predictions, a
     737 MiB store, though no metric alone needs more than 785 MiB). A single metric's working set
     over the facts is a fraction of the store, so under this cap DuckDB evicts clean blocks (and
     spills to ``<store>.tmp`` only once a metric cannot do without, ``spill_on_demand``).
-    Measured at 1M (``benchmarks/metrics_bench.py``, 770 MiB store, quiet machine, RESULTS.md stop
-    20): peak 683 MiB instead of 980 MiB, for 7.2-7.5 s instead of 6.0 s: a trade of time for
-    memory that ``PASS_MEMORY_SHARE`` sets. Applied by ``prepare`` only when it reads current facts
-    (a pass that materializes the base relations itself holds TEMP tables about the store's size
-    and would spill them).
+    Applied by ``prepare`` only when it reads current facts (a pass that materializes the base
+    relations itself holds TEMP tables about the store's size and would spill them).
 
     The pass also starts without a spill folder (``temp_directory`` empty; see ``spill_on_demand``
     for why and for what happens when a metric needs one)."""
@@ -183,7 +220,7 @@ def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
     if not os.access(spill if spill.exists() else spill.parent, os.W_OK):
         return  # nowhere to spill (a read-only folder): a cap could fail a metric, not only slow it
     size = sum(p.stat().st_size for p in (Path(path), Path(f"{path}.wal")) if p.exists())
-    lower_memory_limit(con, max(PASS_MEMORY_FLOOR, int(size * PASS_MEMORY_SHARE)))
+    lower_memory_limit(con, pass_memory_cap(size, process_rss()))
     _defer_spilling(con, str(spill))
 
 
