@@ -152,12 +152,13 @@ def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
 
 # the memory cap of a metrics pass over current facts (see cap_pass_memory and pass_memory_cap)
 PASS_PEAK_SHARE = 0.9  # the pass's peak RSS target, as a share of the store file's size
-PASS_OUTSIDE_LIMIT = 0.25  # DuckDB's memory outside its memory_limit, as a share of the limit
+PASS_OUTSIDE_LIMIT = 0.15  # DuckDB's memory outside its memory_limit, as a share of the limit
 PASS_MEMORY_SHARE = 0.5  # the cap as a share of the store where the process's RSS is unknown
 PASS_MEMORY_FLOOR = 256 * 2**20
 # RSS of a process that has imported what a full pass imports (Python, DuckDB, pandas, pyarrow, and
-# scipy and scikit-learn, which metrics import on first use, after the cap is set): 213 MiB measured
-PASS_BASELINE_MIN = 224 * 2**20
+# scipy and scikit-learn, which metrics import on first use, after the cap is set) and opened the
+# store: 245 MiB measured (1M store)
+PASS_BASELINE_MIN = 256 * 2**20
 
 
 def process_rss() -> int | None:
@@ -172,19 +173,32 @@ def process_rss() -> int | None:
     return None
 
 
+def own_memory(con: duckdb.DuckDBPyConnection) -> int | None:
+    """The process's memory outside DuckDB's buffer pool, in bytes (None where its RSS is unknown):
+    its RSS less what the pool holds now (store blocks that ``facts.current`` read to check the
+    fingerprint), which the pass's memory_limit governs from then on."""
+    rss = process_rss()
+    if rss is None:
+        return None
+    return max(0, rss - int(scalar(con, "SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")))
+
+
 def pass_memory_cap(store_bytes: int, rss_bytes: int | None) -> int:
     """DuckDB's memory_limit for a pass over a store of ``store_bytes`` by a process that holds
     ``rss_bytes`` already: what keeps the pass's peak RSS under ``PASS_PEAK_SHARE`` of the store.
 
-    The peak is about the RSS before the pass (at least ``PASS_BASELINE_MIN``: the libraries some
-    metrics import on first use come later), plus the limit, plus what DuckDB holds outside it
-    (allocator slack, result chunks, the Parquet writer): measured 89 MiB over a 385 MiB limit at
-    1M predictions (peak 681 MiB, 207 MiB before) and about 240 MiB over 2,420 MiB at 10M (peak
-    2.8 GiB), 23% and 10% of the limit; ``PASS_OUTSIDE_LIMIT`` takes 25%. So the limit is the room
+    The peak is about the process's own memory before the pass (``rss_bytes``: its RSS less what
+    DuckDB's buffer pool holds, at least ``PASS_BASELINE_MIN``, as libraries some metrics import
+    on first use come later), plus the limit, plus what DuckDB holds outside it (allocator slack,
+    result chunks, the Parquet writer): measured 51 MiB over a 385 MiB limit at 1M predictions
+    (peak 681 MiB, 245 MiB before the pass) and about 200 MiB over 2,420 MiB at 10M (a 2.8 GiB
+    peak, the same baseline assumed), 13% and 8% of the limit; ``PASS_OUTSIDE_LIMIT`` takes 15%,
+    and the 10% left under the store is the margin for what these two sizes did not show. So the
+    limit is the room
     left under the target, ``(PASS_PEAK_SHARE * store - rss) / (1 + PASS_OUTSIDE_LIMIT)``, at
     least ``PASS_MEMORY_FLOOR`` (DuckDB needs a few MiB whatever the data). At 1M (770 MiB store)
-    that is about the half of the store the cap was before (375 MiB instead of 385 MiB); at 10M
-    (4,840 MiB) 3.2 GiB instead of 2.4 GiB, so fewer store blocks are evicted and read again.
+    that is about the half of the store the cap was before (380 MiB instead of 385 MiB); at 10M
+    (4,840 MiB) 3.5 GiB instead of 2.4 GiB, so fewer store blocks are evicted and read again.
     Where the RSS is unknown the limit is ``PASS_MEMORY_SHARE`` of the store."""
     if rss_bytes is None:
         room = store_bytes * PASS_MEMORY_SHARE
@@ -220,7 +234,7 @@ def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
     if not os.access(spill if spill.exists() else spill.parent, os.W_OK):
         return  # nowhere to spill (a read-only folder): a cap could fail a metric, not only slow it
     size = sum(p.stat().st_size for p in (Path(path), Path(f"{path}.wal")) if p.exists())
-    lower_memory_limit(con, pass_memory_cap(size, process_rss()))
+    lower_memory_limit(con, pass_memory_cap(size, own_memory(con)))
     _defer_spilling(con, str(spill))
 
 
