@@ -215,7 +215,7 @@ def _spill_state(con: duckdb.DuckDBPyConnection) -> tuple[str, str | None]:
     return con.execute(q).fetchall()[0]
 
 
-def test_a_pass_without_a_spill_folder_restores_it_and_retries_once_when_out_of_memory(tmp_path):
+def test_a_pass_without_a_spill_folder_restores_it_and_retries_once_when_out_of_memory(tmp_path, caplog):
     """Real DuckDB: without a folder a 64 MB connection cannot hold a ~200 MB TEMP table and raises
     OutOfMemoryException; spill_on_demand drops what the failed attempt made (here the first table
     of a statement list, which would otherwise make the retry fail on 'already exists'), restores
@@ -239,6 +239,7 @@ def test_a_pass_without_a_spill_folder_restores_it_and_retries_once_when_out_of_
         return con.execute("SELECT count(*) FROM big").fetchall()[0][0]
 
     assert spill_on_demand(con, run) == 3_000_000 and len(calls) == 2
+    assert f"spilling to {folder}" in caplog.text  # the retry is reported
     assert _spill_state(con) == (folder, None) and {"first", "big"} <= temp_tables(con)
     spilled = con.execute("SELECT sum(temporary_storage_bytes) FROM duckdb_memory()").fetchall()[0][0]
     assert spilled > 0  # the retry did spill to the restored folder

@@ -10,6 +10,7 @@ call.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -285,6 +286,10 @@ def spill_on_demand(con: duckdb.DuckDBPyConnection, run: Callable[[], T]) -> T:
             raise
     for table in sorted(temp_tables(con) - before):
         con.execute(f"DROP TABLE IF EXISTS temp.main.{table}")
+    # on stderr by default (Python's last-resort handler): a pass that pays for a retry says so
+    logging.getLogger(__name__).warning(
+        "out of memory under the pass cap without a spill folder: spilling to %s from here on", deferred
+    )
     con.execute(f"SET temp_directory = {sql_literal(str(deferred))}")
     con.execute(f"SET VARIABLE {SPILL_DIR_VAR} = NULL")
     return run()
