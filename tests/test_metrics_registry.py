@@ -189,3 +189,131 @@ def test_written_result_equals_the_computed_frame(store, tmp_path, name):
             assert [str(v) for v in a] == [str(v) for v in b], (name, col)
     if name in ("unc_scores", "unc_normalized", "risk_coverage", "answer_rates"):
         assert streamed, f"{name}: a per-item table should stream, not pass through pandas"
+
+
+def _oom() -> duckdb.OutOfMemoryException:
+    return duckdb.OutOfMemoryException("Out of Memory Error: test")
+
+
+def _deferred(tmp_path) -> tuple[duckdb.DuckDBPyConnection, str]:
+    """A file-backed connection capped at 64 MB whose spill folder is set aside, as a capped pass
+    over current facts leaves it (registry.cap_pass_memory)."""
+    from equipoise.evaluators.metrics import registry
+
+    folder = str(tmp_path / "s.duckdb.tmp")
+    con = duckdb.connect(
+        str(tmp_path / "s.duckdb"), config={"memory_limit": "64MB", "temp_directory": folder}
+    )
+    registry._defer_spilling(con, folder)
+    return con, folder
+
+
+def _spill_state(con: duckdb.DuckDBPyConnection) -> tuple[str, str | None]:
+    from equipoise.evaluators.metrics.registry import SPILL_DIR_VAR
+
+    q = f"SELECT current_setting('temp_directory'), getvariable('{SPILL_DIR_VAR}')"
+    return con.execute(q).fetchall()[0]
+
+
+def test_a_pass_without_a_spill_folder_restores_it_and_retries_once_when_out_of_memory(tmp_path, caplog):
+    """Real DuckDB: without a folder a 64 MB connection cannot hold a ~200 MB TEMP table and raises
+    OutOfMemoryException; spill_on_demand drops what the failed attempt made (here the first table
+    of a statement list, which would otherwise make the retry fail on 'already exists'), restores
+    the folder and runs again, which spills and succeeds; later calls run once, folder in place."""
+    from equipoise.evaluators.metrics.registry import spill_on_demand, temp_tables
+
+    con, folder = _deferred(tmp_path)
+    assert _spill_state(con) == ("", folder)
+    big = (
+        "CREATE TEMP TABLE first AS SELECT 1 AS x; "
+        "CREATE TEMP TABLE big AS SELECT range AS i, repeat('x', 50) AS s FROM range(3000000)"
+    )
+    with pytest.raises(duckdb.OutOfMemoryException):  # what the pass would hit without the fallback
+        con.execute(big)
+    con.execute("DROP TABLE first")
+    calls = []
+
+    def run() -> int:
+        calls.append(1)
+        con.execute(big)
+        return con.execute("SELECT count(*) FROM big").fetchall()[0][0]
+
+    assert spill_on_demand(con, run) == 3_000_000 and len(calls) == 2
+    assert f"spilling to {folder}" in caplog.text  # the retry is reported
+    assert _spill_state(con) == (folder, None) and {"first", "big"} <= temp_tables(con)
+    spilled = con.execute("SELECT sum(temporary_storage_bytes) FROM duckdb_memory()").fetchall()[0][0]
+    assert spilled > 0  # the retry did spill to the restored folder
+    calls.clear()
+
+    def fails() -> None:
+        calls.append(1)
+        raise _oom()
+
+    with pytest.raises(duckdb.OutOfMemoryException):  # no folder set aside any more: no retry
+        spill_on_demand(con, fails)
+    assert len(calls) == 1
+    con.close()
+
+
+def test_spill_on_demand_retries_only_out_of_memory_and_only_once_when_nested(tmp_path):
+    from equipoise.evaluators.metrics.registry import spill_on_demand
+
+    con, folder = _deferred(tmp_path)
+    with pytest.raises(ValueError):  # any other error is the metric's own: no retry, folder kept aside
+        spill_on_demand(con, lambda: (_ for _ in ()).throw(ValueError("x")))
+    assert _spill_state(con) == ("", folder)
+    calls = []
+
+    def always_oom() -> None:
+        calls.append(1)
+        raise _oom()
+
+    # write_result wraps result_sql, which may call compute, which wraps the metric: the inner call
+    # restores the folder and retries; when that fails too the outer one must not run it a third time
+    with pytest.raises(duckdb.OutOfMemoryException):
+        spill_on_demand(con, lambda: spill_on_demand(con, always_oom))
+    assert len(calls) == 2 and _spill_state(con) == (folder, None)
+    con.close()
+
+
+def test_compute_and_write_result_go_through_the_fallback(tmp_path, monkeypatch):
+    """Both entry points of a pass retry a metric that ran out of memory without a spill folder: a
+    Python metric (compute_fn) through compute, and a one-query metric (sql_fn) whose COPY to the
+    file needs to spill (a sort of ~130 MB under 64 MB), through write_result."""
+    from equipoise.evaluators.metrics import registry
+
+    con, folder = _deferred(tmp_path)
+    con.execute(f"CREATE TEMP TABLE {registry.FACTS_MARK} (x INTEGER)")  # prepare: nothing to make
+    calls = []
+
+    def fn(c, by, params) -> pd.DataFrame:
+        calls.append(1)
+        if len(calls) == 1:
+            raise _oom()
+        return c.execute("SELECT 42 AS v").df()
+
+    monkeypatch.setitem(registry.REGISTRY, "_t_fn", registry.Metric("_t_fn", "test", compute_fn=fn))
+    assert registry.compute(con, "_t_fn")["v"].tolist() == [42] and len(calls) == 2
+    assert _spill_state(con) == (folder, None)
+    con.close()
+
+    (tmp_path / "b").mkdir()
+    con, folder = _deferred(tmp_path / "b")
+    con.execute(f"CREATE TEMP TABLE {registry.FACTS_MARK} (x INTEGER)")
+    query = "SELECT range AS i, repeat('x', 50) AS s FROM range(2000000) ORDER BY i DESC, s"
+    with pytest.raises(duckdb.OutOfMemoryException):
+        con.execute(f"COPY ({query}) TO '{tmp_path / 'x.parquet'}' (FORMAT parquet)")
+
+    def sql_fn(c, by, params) -> str:
+        return query
+
+    metric = registry.Metric(
+        "_t_sql", "test", sql_fn=sql_fn, compute_fn=lambda c, by, p: c.execute(query).df()
+    )
+    monkeypatch.setitem(registry.REGISTRY, "_t_sql", metric)
+    path = tmp_path / "t.parquet"
+    assert registry.write_result(con, "_t_sql", path) == 2_000_000
+    assert _spill_state(con) == (folder, None)
+    got = pd.read_parquet(path, columns=["i"])["i"]
+    assert len(got) == 2_000_000 and got.iloc[0] == 1_999_999 and got.is_monotonic_decreasing
+    con.close()

@@ -336,7 +336,7 @@ def test_memory_capped_lowers_the_limit_for_the_block_only(tmp_path: Path) -> No
     con.close()
 
 
-def test_a_pass_over_current_facts_caps_duckdb_memory_at_half_the_store(
+def test_a_pass_over_current_facts_caps_duckdb_memory_under_the_store(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from equipoise.evaluators.metrics import registry
@@ -345,6 +345,9 @@ def test_a_pass_over_current_facts_caps_duckdb_memory_at_half_the_store(
     path = tmp_path / "s.duckdb"
     path.write_bytes(store.read_bytes())
     monkeypatch.setattr(registry, "PASS_MEMORY_FLOOR", 2**20)  # the test store is a few MB
+    # ... so is the process it is measured against (pass_memory_cap's own test takes real sizes)
+    monkeypatch.setattr(registry, "PASS_BASELINE_MIN", 0)
+    monkeypatch.setattr(registry, "own_memory", lambda con: path.stat().st_size // 10)
     q = "SELECT current_setting('memory_limit')"
 
     def limit_after_prepare(**kw) -> int:
@@ -360,8 +363,9 @@ def test_a_pass_over_current_facts_caps_duckdb_memory_at_half_the_store(
     con = connect(path)
     facts.refresh(con)
     con.close()
-    half = path.stat().st_size / 2
-    assert limit_after_prepare() == pytest.approx(half, rel=0.05)  # DuckDB shows 2 digits
+    size = path.stat().st_size
+    want = (0.9 * size - size // 10) / 1.15  # pass_memory_cap: 90% of the store, less the process
+    assert limit_after_prepare() == pytest.approx(want, rel=0.05)  # DuckDB shows 2 digits
     # the floor: a store of a few MB gets 256 MiB (DuckDB needs a few MiB whatever the data) ...
     monkeypatch.setattr(registry, "PASS_MEMORY_FLOOR", 256 * 2**20)
     assert limit_after_prepare() == pytest.approx(256 * 2**20, rel=0.01)
@@ -370,6 +374,50 @@ def test_a_pass_over_current_facts_caps_duckdb_memory_at_half_the_store(
     assert limit_after_prepare(memory_limit="4GiB") == pytest.approx(4 * 2**30, rel=0.01)
     got, used = _metrics(path, None)  # every metric computes under the cap
     assert used and sum(len(df) for df in got.values()) > 100
+
+
+def test_the_pass_memory_cap_is_the_room_under_90_percent_of_the_store() -> None:
+    """pass_memory_cap as its docstring gives it, at the sizes it was measured at: the limit plus
+    15% of it (DuckDB's memory outside its limit) plus the process's own memory before the pass (at
+    least the 256 MiB of a process that imported what a pass imports) is 90% of the store file."""
+    from equipoise.evaluators.metrics.registry import pass_memory_cap
+
+    mib = 2**20
+    for store_mib, rss_mib in ((770, 245), (770, 124), (770, 300), (4840, 260)):
+        cap = pass_memory_cap(store_mib * mib, rss_mib * mib)
+        assert cap * 1.15 + max(rss_mib, 256) * mib == pytest.approx(0.9 * store_mib * mib, rel=1e-6)
+    assert pass_memory_cap(770 * mib, 245 * mib) == pytest.approx(380 * mib, rel=0.01)  # ~ half, as before
+    assert pass_memory_cap(4840 * mib, 245 * mib) == pytest.approx(3565 * mib, rel=0.01)
+    assert pass_memory_cap(5 * mib, 124 * mib) == 256 * mib  # the floor
+    assert pass_memory_cap(770 * mib, None) == 385 * mib  # RSS unknown: half the store
+
+
+def test_a_capped_pass_sets_its_spill_folder_aside_and_a_chosen_limit_keeps_it(
+    store: Path, tmp_path: Path
+) -> None:
+    """Under the pass cap DuckDB runs without a spill folder until a metric runs out of memory
+    (registry.spill_on_demand); a limit the caller chose (--memory-limit) keeps DuckDB's own
+    behaviour, folder included, and so does a pass over source tables (no cap)."""
+    from equipoise.evaluators.metrics.registry import SPILL_DIR_VAR
+
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(store.read_bytes())
+    q = f"SELECT current_setting('temp_directory'), getvariable('{SPILL_DIR_VAR}')"
+
+    def state(**kw) -> tuple[str, str | None]:
+        con = connect(path, read_only=True, **kw)
+        try:
+            prepare(con, materialize=True)
+            return con.execute(q).fetchall()[0]
+        finally:
+            con.close()
+
+    assert state() == (f"{path}.tmp", None)  # no facts: no cap, folder in place
+    con = connect(path)
+    facts.refresh(con)
+    con.close()
+    assert state() == ("", f"{path}.tmp")
+    assert state(memory_limit="4GiB") == (f"{path}.tmp", None)
 
 
 def duckdb_default_limit() -> str:
