@@ -511,8 +511,9 @@ def test_metrics_over_facts_are_bit_identical_whatever_the_threads(store: Path, 
     """The metrics a pass over current facts reports do not depend on DuckDB's threads: one thread,
     or four with parallelism forced (``PRAGMA verify_parallelism``, as in the fact test above: this
     store is too small to be read in parallel otherwise). Sums of non-integer doubles in the metric
-    SQL add value-sorted lists (calibration: cal_bins, cal_ece, cal_brier, cal_brier_multiclass,
-    cal_selective), so a parallel sum's order cannot reach the last bit. Compared exactly."""
+    SQL are exact integer sums in fixed point (cal_bins, cal_brier, cal_brier_multiclass,
+    cal_selective) or add value-sorted lists (cal_ece, rob_flip), so a parallel sum's order cannot
+    reach the last bit. Compared exactly."""
     path = tmp_path / "s.duckdb"
     path.write_bytes(store.read_bytes())
     con = connect(path)

@@ -7,6 +7,10 @@
 -- uncertainty; pairs with NULL uncertainty are counted but left out of the means) and its relative
 -- difference from the pool mean: (mean_subset - mean_pool) / mean_pool (NULL when the pool mean is 0
 -- or undefined). Every category appears for every group, with n = 0 when empty.
+-- The means add each subset's values sorted (list_avg(list_sort(list(...)))), not with avg(): a
+-- parallel avg adds doubles in thread order, so its last bits changed between runs at 1M
+-- predictions; the sorted sum is the same whatever the threads, and costs little here (one row
+-- per pair).
 WITH p AS (
     SELECT *,
            CASE WHEN base_correct AND perturbed_correct THEN 'stable_correct'
@@ -20,8 +24,8 @@ g AS (
            count(*)                                                                   AS n_pairs,
            count(*) FILTER (WHERE base_correct)                                       AS n_pool_c,
            count(*) FILTER (WHERE NOT base_correct)                                   AS n_pool_w,
-           avg(base_uncertainty) FILTER (WHERE base_correct)                          AS u_pool_c,
-           avg(base_uncertainty) FILTER (WHERE NOT base_correct)                      AS u_pool_w,
+           list_avg(list_sort(list(base_uncertainty) FILTER (WHERE base_correct)))  AS u_pool_c,
+           list_avg(list_sort(list(base_uncertainty) FILTER (WHERE NOT base_correct))) AS u_pool_w,
            count(*) FILTER (WHERE cat = 'stable_correct')                             AS n_sc,
            count(*) FILTER (WHERE cat = 'correct_to_wrong')                           AS n_cw,
            count(*) FILTER (WHERE cat = 'wrong_to_correct')                           AS n_wc,
@@ -30,10 +34,10 @@ g AS (
            count(base_uncertainty) FILTER (WHERE cat = 'correct_to_wrong')            AS m_cw,
            count(base_uncertainty) FILTER (WHERE cat = 'wrong_to_correct')            AS m_wc,
            count(base_uncertainty) FILTER (WHERE cat = 'stable_wrong')                AS m_sw,
-           avg(base_uncertainty) FILTER (WHERE cat = 'stable_correct')                AS u_sc,
-           avg(base_uncertainty) FILTER (WHERE cat = 'correct_to_wrong')              AS u_cw,
-           avg(base_uncertainty) FILTER (WHERE cat = 'wrong_to_correct')              AS u_wc,
-           avg(base_uncertainty) FILTER (WHERE cat = 'stable_wrong')                  AS u_sw
+           list_avg(list_sort(list(base_uncertainty) FILTER (WHERE cat = 'stable_correct'))) AS u_sc,
+           list_avg(list_sort(list(base_uncertainty) FILTER (WHERE cat = 'correct_to_wrong'))) AS u_cw,
+           list_avg(list_sort(list(base_uncertainty) FILTER (WHERE cat = 'wrong_to_correct'))) AS u_wc,
+           list_avg(list_sort(list(base_uncertainty) FILTER (WHERE cat = 'stable_wrong'))) AS u_sw
     FROM p
     {group_by}
 ),
