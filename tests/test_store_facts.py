@@ -392,34 +392,6 @@ def test_the_pass_memory_cap_is_the_room_under_90_percent_of_the_store() -> None
     assert pass_memory_cap(770 * mib, None) == 385 * mib  # RSS unknown: half the store
 
 
-def test_a_capped_pass_sets_its_spill_folder_aside_and_a_chosen_limit_keeps_it(
-    store: Path, tmp_path: Path
-) -> None:
-    """Under the pass cap DuckDB runs without a spill folder until a metric runs out of memory
-    (registry.spill_on_demand); a limit the caller chose (--memory-limit) keeps DuckDB's own
-    behaviour, folder included, and so does a pass over source tables (no cap)."""
-    from equipoise.evaluators.metrics.registry import SPILL_DIR_VAR
-
-    path = tmp_path / "s.duckdb"
-    path.write_bytes(store.read_bytes())
-    q = f"SELECT current_setting('temp_directory'), getvariable('{SPILL_DIR_VAR}')"
-
-    def state(**kw) -> tuple[str, str | None]:
-        con = connect(path, read_only=True, **kw)
-        try:
-            prepare(con, materialize=True)
-            return con.execute(q).fetchall()[0]
-        finally:
-            con.close()
-
-    assert state() == (f"{path}.tmp", None)  # no facts: no cap, folder in place
-    con = connect(path)
-    facts.refresh(con)
-    con.close()
-    assert state() == ("", f"{path}.tmp")
-    assert state(memory_limit="4GiB") == (f"{path}.tmp", None)
-
-
 def duckdb_default_limit() -> str:
     import duckdb
 

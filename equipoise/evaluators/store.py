@@ -427,7 +427,7 @@ def connect(
     connection; what does not fit (materialized metric tables, sorts, hash tables) spills to
     ``<store>.tmp`` next to the store and is removed when the connection closes. Without it DuckDB
     takes 80% of RAM, and a metrics pass over current facts then caps itself at about half the
-    store file and spills only where a metric needs it (``registry.cap_pass_memory``); a limit
+    store file (``registry.cap_pass_memory``); a limit
     given here is the caller's choice, higher or lower, and the pass keeps it (the connection
     variable ``MEMORY_LIMIT_VAR`` records it). An invalid value raises ``ValueError`` naming it.
     """

@@ -10,12 +10,10 @@ call.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TypeVar
 
 import duckdb
 import pandas as pd
@@ -24,7 +22,6 @@ from equipoise.evaluators.metrics import facts
 from equipoise.evaluators.store import scalar, sql_literal
 
 SQL_DIR = Path(__file__).parent / "sql"
-T = TypeVar("T")
 
 # columns of the `scored` view a metric may be grouped by
 STRATA: tuple[str, ...] = (
@@ -195,9 +192,9 @@ def pass_memory_cap(store_bytes: int, rss_bytes: int | None) -> int:
     (peak 681 MiB, 245 MiB before the pass) and about 200 MiB over 2,420 MiB at 10M (a 2.8 GiB
     peak, the same baseline assumed), 13% and 8% of the limit; ``PASS_OUTSIDE_LIMIT`` takes 15%,
     and the 10% left under the store is the margin for what these two sizes did not show. So the
-    limit is the room
-    left under the target, ``(PASS_PEAK_SHARE * store - rss) / (1 + PASS_OUTSIDE_LIMIT)``, at
-    least ``PASS_MEMORY_FLOOR`` (DuckDB needs a few MiB whatever the data). At 1M (770 MiB store)
+    limit is the room left under the target,
+    ``(PASS_PEAK_SHARE * store - rss) / (1 + PASS_OUTSIDE_LIMIT)``, at least ``PASS_MEMORY_FLOOR``
+    (DuckDB needs a few MiB whatever the data). At 1M (770 MiB store)
     that is about the half of the store the cap was before (380 MiB instead of 385 MiB); at 10M
     (4,840 MiB) 3.5 GiB instead of 2.4 GiB, so fewer store blocks are evicted and read again.
     Where the RSS is unknown the limit is ``PASS_MEMORY_SHARE`` of the store."""
@@ -219,13 +216,10 @@ def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
     Why: with DuckDB's default (80% of RAM) nothing is ever evicted, so a pass's RSS grows metric by
     metric with every store block it read and every cache it made (1,009 MiB at 1M predictions, a
     737 MiB store, though no metric alone needs more than 785 MiB). A single metric's working set
-    over the facts is a fraction of the store, so under this cap DuckDB evicts clean blocks (and
-    spills to ``<store>.tmp`` only once a metric cannot do without, ``spill_on_demand``).
-    Applied by ``prepare`` only when it reads current facts (a pass that materializes the base
-    relations itself holds TEMP tables about the store's size and would spill them).
-
-    The pass also starts without a spill folder (``temp_directory`` empty; see ``spill_on_demand``
-    for why and for what happens when a metric needs one)."""
+    over the facts is a fraction of the store, so under this cap DuckDB evicts clean blocks and
+    spills the rest to ``<store>.tmp``. Applied by ``prepare`` only when it reads current facts (a
+    pass that materializes the base relations itself holds TEMP tables about the store's size and
+    would spill them)."""
     from equipoise.evaluators.store import database_path, lower_memory_limit, memory_limit_chosen
 
     path = database_path(con)
@@ -236,63 +230,6 @@ def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
         return  # nowhere to spill (a read-only folder): a cap could fail a metric, not only slow it
     size = sum(p.stat().st_size for p in (Path(path), Path(f"{path}.wal")) if p.exists())
     lower_memory_limit(con, pass_memory_cap(size, own_memory(con)))
-    _defer_spilling(con, str(spill))
-
-
-# connection variable: the spill folder a capped pass set aside (``_defer_spilling``); NULL otherwise
-SPILL_DIR_VAR = "equipoise_spill_dir_deferred"
-
-
-def _defer_spilling(con: duckdb.DuckDBPyConnection, spill: str) -> None:
-    """Run the capped pass without a spill folder until a metric needs one (``spill_on_demand``);
-    the folder is kept in the connection variable ``SPILL_DIR_VAR``. Nothing changes where DuckDB
-    has used its folder already (it cannot switch folders then)."""
-    try:
-        con.execute("SET temp_directory = ''")
-    except duckdb.NotImplementedException:
-        return  # the folder holds spilled blocks: keep spilling there
-    con.execute(f"SET VARIABLE {SPILL_DIR_VAR} = {sql_literal(spill)}")
-
-
-def _deferred_spill_dir(con: duckdb.DuckDBPyConnection) -> str | None:
-    """The spill folder a capped pass set aside (``SPILL_DIR_VAR``), or None."""
-    return scalar(con, f"SELECT getvariable('{SPILL_DIR_VAR}')")
-
-
-def spill_on_demand(con: duckdb.DuckDBPyConnection, run: Callable[[], T]) -> T:
-    """``run()``; where it runs out of memory in a capped pass that has set its spill folder aside
-    (``cap_pass_memory``), restore the folder and run it again, once; the rest of the connection
-    then spills as DuckDB does by default.
-
-    Why: with a spill folder and a memory limit, DuckDB hands each operator (hash join, aggregate,
-    sort) a share of about 80% of the limit and runs any operator whose state exceeds its share
-    out of core (partitioned, in rounds), even where nothing would need to reach the disk. Under
-    the pass cap that is what the cap cost at 1M predictions (770 MiB store, 385 MiB cap): the
-    conformal metrics' hash joins ran partitioned, their probe sides (option-score arrays)
-    materialized per partition, about 2x the join's CPU (DuckDB profiles, capped vs 18GB). Without
-    a folder DuckDB gives every operator all it asks for, still evicts the store's clean blocks
-    to stay under the limit, and raises ``OutOfMemoryException`` where the limit cannot be kept,
-    so peak memory is bounded exactly as before. The retry costs one metric's failed attempt, at
-    most once per connection; TEMP tables the failed attempt left behind (a cache half made by a
-    statement list) are dropped first, so the retry starts where the first attempt did."""
-    if _deferred_spill_dir(con) is None:
-        return run()
-    before = temp_tables(con)
-    try:
-        return run()
-    except duckdb.OutOfMemoryException:
-        deferred = _deferred_spill_dir(con)
-        if deferred is None:  # a nested call restored the folder already, and its retry failed
-            raise
-    for table in sorted(temp_tables(con) - before):
-        con.execute(f"DROP TABLE IF EXISTS temp.main.{table}")
-    # on stderr by default (Python's last-resort handler): a pass that pays for a retry says so
-    logging.getLogger(__name__).warning(
-        "out of memory under the pass cap without a spill folder: spilling to %s from here on", deferred
-    )
-    con.execute(f"SET temp_directory = {sql_literal(str(deferred))}")
-    con.execute(f"SET VARIABLE {SPILL_DIR_VAR} = NULL")
-    return run()
 
 
 # the per-sample columns scored_probs adds to scored (sql/scored_probs.sql)
@@ -353,10 +290,8 @@ def compute(
     """Compute one registered metric, grouped by ``by`` (default: the metric's own)."""
     metric, by = _lookup(con, name, by)
     if metric.compute_fn is not None:
-        fn = metric.compute_fn
-        values = {**metric.params, **(params or {})}
-        return spill_on_demand(con, lambda: fn(con, _check_by(by), values))
-    df = spill_on_demand(con, lambda: con.execute(render_sql(metric, by, params)).df())
+        return metric.compute_fn(con, _check_by(by), {**metric.params, **(params or {})})
+    df = con.execute(render_sql(metric, by, params)).df()
     if metric.post is not None:
         df = metric.post(df, by)
     return df
@@ -389,8 +324,7 @@ def write_result(
     pandas frame of it ever exists: what makes per-item tables of a 10M-prediction store fit in a
     few GiB. Other metrics (small, aggregated results) go through ``compute`` and pandas.
     """
-    # the query may need caches made first (a metric's sql_fn), so it too may run out of memory
-    sql = spill_on_demand(con, lambda: result_sql(con, name, by, params))
+    sql = result_sql(con, name, by, params)
     path = Path(path)
     csv = path.suffix.lower() == ".csv"
     if sql is None:
@@ -402,7 +336,7 @@ def write_result(
         return len(df)
     quoted = sql_literal(str(path))
     fmt = "FORMAT csv, HEADER true" if csv else "FORMAT parquet"
-    copied = spill_on_demand(con, lambda: con.execute(f"COPY ({sql}) TO {quoted} ({fmt})").fetchone())
+    copied = con.execute(f"COPY ({sql}) TO {quoted} ({fmt})").fetchone()  # (rows written,)
     return int(copied[0]) if copied else 0
 
 
