@@ -942,3 +942,46 @@ def test_group_with_null_stratum_matches_sklearn(store):
         assert b.lower.iloc[0] == pytest.approx(r.avg_nll[held].min(), abs=TOL)
     assert len(comb) == 2 and comb.framing.isna().sum() == 1
     assert comb.n_rows.sum() == len(ref)
+
+
+def _exact_means(con, table: str) -> list[tuple]:
+    from equipoise.evaluators.metrics.uncertainty import _exact_mean
+
+    scale, mean = _exact_mean("x")
+    return con.execute(
+        f"WITH sc AS (SELECT * FROM {table}), scale AS (SELECT {scale} FROM sc) "
+        f"SELECT g, {mean} AS m FROM sc CROSS JOIN scale GROUP BY g ORDER BY g"
+    ).fetchall()
+
+
+def test_unc_summary_means_are_the_same_bits_in_any_row_order_and_thread_count() -> None:
+    """unc_summary's fixed-point means (uncertainty._exact_mean): the same doubles whatever the rows'
+    order and DuckDB's threads (a parallel avg() of these values differs in its last bits), within a
+    few ulps of the exact rational mean (fractions), and inf / NaN as avg() gives them."""
+    import math
+    from fractions import Fraction
+
+    rng = np.random.default_rng(3)
+    n = 60_000
+    vals = np.concatenate([rng.lognormal(0.0, 3.0, n), -rng.random(n) * 1e-3, rng.random(n) * 7.0])
+    groups = rng.integers(0, 3, len(vals))
+    frame = pd.DataFrame({"g": groups, "x": vals})
+    con = duckdb.connect()
+    con.register("frame", frame)
+    con.execute("CREATE TABLE a AS SELECT * FROM frame")
+    con.execute("CREATE TABLE b AS SELECT * FROM frame ORDER BY x DESC")  # another row order
+    con.execute("SET threads = 1")
+    one = _exact_means(con, "a")
+    con.execute("SET threads = 4")
+    con.execute("PRAGMA verify_parallelism")
+    assert _exact_means(con, "b") == one and _exact_means(con, "a") == one
+    for g, got in one:
+        exact = sum(map(Fraction, vals[groups == g].tolist())) / int((groups == g).sum())
+        assert math.isclose(got, float(exact), rel_tol=4e-16), (g, got, float(exact))
+    con.execute(
+        "CREATE TABLE c AS SELECT * FROM (VALUES (0, 1.0), (0, 'inf'::DOUBLE), (1, 'inf'::DOUBLE), "
+        "(1, '-inf'::DOUBLE), (2, 'nan'::DOUBLE), (2, 2.0), (3, NULL::DOUBLE), (4, 0.0)) t(g, x)"
+    )
+    got = dict(_exact_means(con, "c"))
+    assert got[0] == math.inf and math.isnan(got[1]) and math.isnan(got[2])
+    assert got[3] is None and got[4] == 0.0

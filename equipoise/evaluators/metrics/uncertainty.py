@@ -591,11 +591,50 @@ def _unpivot_in(cols: Sequence[str], prefixes: Sequence[str]) -> str:
     return ", ".join("(" + ", ".join(f"{p}__{c}" if p else c for p in prefixes) + f") AS {c}" for c in cols)
 
 
+# bits of a score's largest finite |value| that unc_summary's fixed-point sums keep (see _exact_mean)
+MEAN_BITS = 61
+
+
+def _exact_mean(col: str) -> tuple[str, str]:
+    """A deterministic mean of score ``col`` for unc_summary: (the select item of its scale, over all
+    rows of ``sc``; the aggregate of its mean, per group).
+
+    Why: ``avg()`` of doubles adds in the order DuckDB's threads deliver the rows, so the mean's
+    last bits changed between runs of the same pass. Here each finite value is scaled by a power of
+    two (exact) so that the column's largest finite |value| lies below 2**MEAN_BITS, rounded to a
+    BIGINT and summed as integers, which is exact in any order; the sum is then divided once by the
+    scale and once by the count. What rounding loses is at most 2**-(MEAN_BITS + 1) of that largest
+    |value| per term (below a double's last bit unless the group's mean is thousands of times smaller
+    than the column's largest value). A group holding inf or NaN gets ``avg()``: inf, -inf or NaN, the
+    same in any order. Cost at 1M rows, 20 scores: about 0.17 s instead of 0.04 s (a value-sorted
+    list was 0.6 s)."""
+    x = f"CAST({col} AS DOUBLE)"
+    finite = f"CASE WHEN isfinite({x}) THEN {x} END"
+    scale = (
+        f"CASE WHEN max(abs({finite})) > 0 THEN "
+        f"pow(2.0, least(1000, {MEAN_BITS} - (floor(log2(max(abs({finite})))) + 1))) ELSE 1.0 END AS s__{col}"
+    )
+    mean = (
+        f"CASE WHEN count({col}) > count({finite}) THEN avg({x}) "
+        f"ELSE sum(({finite} * s__{col})::BIGINT)::DOUBLE / any_value(s__{col}) / count({col}) END"
+    )
+    return scale, mean
+
+
 def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", SCORE_COLUMNS)
-    aggregates = ", ".join(f"count({c}) AS n__{c}, avg(CAST({c} AS DOUBLE)) AS m__{c}" for c in cols)
+    means = [_exact_mean(c) for c in cols]
+    aggregates = ", ".join(
+        f"count({c}) AS n__{c}, {mean} AS m__{c}" for c, (_, mean) in zip(cols, means, strict=True)
+    )
     return _wrapped(
-        con, "unc_summary", by, params, aggregates=aggregates, unpivot_in=_unpivot_in(cols, ("n", "m"))
+        con,
+        "unc_summary",
+        by,
+        params,
+        aggregates=aggregates,
+        scales=", ".join(s for s, _ in means),
+        unpivot_in=_unpivot_in(cols, ("n", "m")),
     )
 
 

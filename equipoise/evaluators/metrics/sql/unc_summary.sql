@@ -1,15 +1,20 @@
 -- Mean of every per-item uncertainty score per group; n_items counts the group's items and
 -- n_scored those where the score is defined (a NULL score is counted, never averaged in).
 -- One pass of plain aggregates over the wide per-item rows ({aggregates}: count(x) AS "n__x",
--- avg(x::DOUBLE) AS "m__x" per score), then the few group rows are turned long: unpivoting the
+-- the mean AS "m__x" per score), then the few group rows are turned long: unpivoting the
 -- items first would aggregate (number of scores) times as many rows. HAVING drops the one empty
--- row an ungrouped aggregate returns on an empty store.
+-- row an ungrouped aggregate returns on an empty store. The means are fixed-point integer sums
+-- (scale: one power of two per score over all rows; see uncertainty._exact_mean), so
+-- they are the same bits whatever DuckDB's threads.
 WITH sc AS (
 {scores_sql}
 ),
+scale AS (
+    SELECT {scales} FROM sc
+),
 g AS (
     SELECT {by} count(*) AS n_items, {aggregates}
-    FROM sc
+    FROM sc CROSS JOIN scale
     GROUP BY ALL
     HAVING count(*) > 0
 )
