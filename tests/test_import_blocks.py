@@ -17,10 +17,10 @@ import json
 import pytest
 
 from equipoise.builders.mcq_build import build_mcq_suite
-from equipoise.builders.prompts import decision_template
 from equipoise.evaluators.importer import ImportError_, import_predictions
-from equipoise.evaluators.ingest import dataset_id, register
+from equipoise.evaluators.ingest import register
 from equipoise.evaluators.store import connect
+from tests.test_import import _records
 
 _SAMPLES = 500  # per item, 10 items: about 2.6 MB of JSONL, i.e. the head plus two more blocks
 _BLOCK = 1 << 20  # Arrow's default JSON block size (the importer does not change it)
@@ -33,27 +33,19 @@ def nota(tmp_path_factory):
     return out
 
 
-def _big(folder, tmp_path) -> list[dict]:
-    """``_SAMPLES`` samples of each of 10 items, every field the format has in some record."""
-    con = connect(tmp_path / "scratch.duckdb")
-    loaded = register(con, folder, "plus_nota")
-    con.close()
-    tpl = decision_template("base", "mcq")
+def _big(folder) -> list[dict]:
+    """``_SAMPLES`` samples of each of 10 items (test_import's records, every field the format has),
+    each sample's distractor log-probabilities, text, token log-probabilities and latency its own."""
+    base = _records(folder, "plus_nota", n=10)
     recs = []
     for s in range(_SAMPLES):
-        for it in loaded.records[:10]:
-            lp = {o.label: -3.0 - s / 1000 for o in it.options}
-            lp[it.target_label] = -0.1
+        for r in base:
+            lp = {k: v if v == -0.1 else v - s / 1000 for k, v in r["option_logprobs"].items()}
             recs.append(
                 {
-                    "model": "external-model",
-                    "prompt_template_id": tpl.id,
-                    "prompt_sha256": tpl.sha256,
-                    "dataset_id": dataset_id(folder),
-                    "config": "plus_nota",
-                    "item_id": it.item_id,
+                    **r,
                     "sample_index": s,
-                    "raw_output": f"Reasoning for sample {s}.\nAnswer: {it.target_label}",
+                    "raw_output": r["raw_output"].replace("Reasoning.", f"Reasoning for sample {s}."),
                     "option_logprobs": lp,
                     "token_logprobs": [-0.5, -0.2, -0.1 - s / 1e4],
                     "latency_ms": 12.5 + s,
@@ -78,7 +70,7 @@ def _stored(con) -> dict[str, list[tuple]]:
 def test_a_multi_block_file_imports_columnar_like_the_record_path(nota, tmp_path, monkeypatch):
     import equipoise.evaluators.importer as imp
 
-    recs = _big(nota, tmp_path)
+    recs = _big(nota)
     f = _write(tmp_path / "big.jsonl", recs)
     fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
     for con in (fast_con, slow_con):
@@ -113,7 +105,7 @@ def test_a_fault_past_the_head_names_its_line_and_stores_nothing(nota, tmp_path,
     """One bad record among thousands, after the typed head (in a later parse block, or the very
     last line): the import is refused naming that line and field, and the rows an earlier import
     stored are exactly as they were (nothing added, nothing lost)."""
-    recs = _big(nota, tmp_path)
+    recs = _big(nota)
     con = connect(tmp_path / "s.duckdb")
     register(con, nota, "plus_nota")
     earlier = tmp_path / "earlier.jsonl"

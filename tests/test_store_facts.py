@@ -260,6 +260,26 @@ def test_a_change_to_the_shared_tables_recomputes_every_fact(
     con.close()
 
 
+def _refresh_in_batches(
+    con, monkeypatch: pytest.MonkeyPatch, runs_per_batch: int
+) -> tuple[list[str | None], int]:
+    """Refresh the facts with batches of about ``runs_per_batch`` runs' predictions; returns what
+    each batch computed (facts._compute's ``todo``) and the store's number of runs."""
+    n_runs, n_pred = con.execute("SELECT count(DISTINCT run_id), count(*) FROM predictions").fetchall()[0]
+    computed: list[str | None] = []
+    real = facts._compute
+
+    def spy(c, todo, create) -> None:
+        computed.append(todo)
+        real(c, todo, create)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(facts, "BATCH_PREDICTIONS", runs_per_batch * n_pred // n_runs)
+        mp.setattr(facts, "_compute", spy)
+        assert facts.refresh(con) is True
+    return computed, n_runs
+
+
 def test_a_refresh_in_batches_of_runs_gives_the_facts_of_one_pass(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -271,20 +291,9 @@ def test_a_refresh_in_batches_of_runs_gives_the_facts_of_one_pass(
     con.close()
 
     con = connect(batched)
-    n_runs, n_pred = con.execute("SELECT count(DISTINCT run_id), count(*) FROM predictions").fetchall()[0]
+    # about two runs' predictions per batch: several batches, each of whole runs
+    computed, n_runs = _refresh_in_batches(con, monkeypatch, runs_per_batch=2)
     assert n_runs >= 3
-    computed: list[str | None] = []
-    real = facts._compute
-
-    def spy(c, todo, create) -> None:
-        computed.append(todo)
-        real(c, todo, create)
-
-    with monkeypatch.context() as mp:
-        # about two runs' predictions per batch: several batches, each of whole runs
-        mp.setattr(facts, "BATCH_PREDICTIONS", 2 * n_pred // n_runs)
-        mp.setattr(facts, "_compute", spy)
-        assert facts.refresh(con) is True
     assert len(computed) >= 2 and None not in computed
     assert facts.current(con) is not None
     con.close()
@@ -440,20 +449,9 @@ def test_facts_are_bit_identical_whatever_the_threads_and_batches(
     con.close()
 
     con = connect(many)
-    n_runs, n_pred = con.execute("SELECT count(DISTINCT run_id), count(*) FROM predictions").fetchall()[0]
     con.execute("SET threads = 4")
     con.execute("PRAGMA verify_parallelism")
-    computed: list[str | None] = []
-    real = facts._compute
-
-    def spy(c, todo, create) -> None:
-        computed.append(todo)
-        real(c, todo, create)
-
-    with monkeypatch.context() as mp:
-        mp.setattr(facts, "BATCH_PREDICTIONS", n_pred // n_runs)  # one run per batch
-        mp.setattr(facts, "_compute", spy)
-        assert facts.refresh(con) is True
+    computed, n_runs = _refresh_in_batches(con, monkeypatch, runs_per_batch=1)
     con.close()
     assert len(computed) == n_runs >= 3  # really in batches
 
