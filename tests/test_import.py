@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -172,6 +173,28 @@ def _columnar_equals_record_path(nota, tmp_path, f) -> dict[str, list[tuple]]:
         slow_con.close()
 
 
+def _imported_like_record_path(nota, tmp_path, monkeypatch, f, n_records: int) -> duckdb.DuckDBPyConnection:
+    """``import_predictions(f)`` into a fresh store must take the columnar path, report and store
+    what the record-by-record path does in another, add all ``n_records`` and, imported again,
+    nothing; returns the columnar store's connection (open) for further checks."""
+    import equipoise.evaluators.importer as imp
+
+    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
+    for con in (fast_con, slow_con):
+        register(con, nota, "plus_nota")
+    taken = []
+    real = imp._fast_import
+    monkeypatch.setattr(imp, "_fast_import", lambda con, path: taken.append(real(con, path)) or taken[-1])
+    fast = import_predictions(fast_con, f)
+    assert taken and taken[0] is not None  # the columnar path did the import
+    slow = import_predictions(slow_con, f, fast=False)
+    assert fast == slow and fast.added == n_records
+    assert _stored(fast_con) == _stored(slow_con)
+    slow_con.close()
+    assert import_predictions(fast_con, f).added == 0  # idempotent: a resume adds nothing
+    return fast_con
+
+
 def _variety(nota) -> list[dict]:
     """Valid records in every shape the format allows: parser-labelled and given labels, an
     abstain option, no scores, no token log-probs, defaults given and left out, a temperature,
@@ -191,7 +214,6 @@ def _variety(nota) -> list[dict]:
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_columnar_import_writes_what_the_checked_path_writes(nota, tmp_path, monkeypatch, fmt):
-    import equipoise.evaluators.importer as imp
 
     recs = _variety(nota)
     if fmt == "jsonl":
@@ -203,23 +225,10 @@ def test_columnar_import_writes_what_the_checked_path_writes(nota, tmp_path, mon
             r.setdefault("backend", "import")
             r.setdefault("prompt_style", "base")
         pq.write_table(pa.Table.from_pylist(rows), f)
-    fast_con = connect(tmp_path / "fast.duckdb")
-    register(fast_con, nota, "plus_nota")
-    taken = []
-    real = imp._fast_import
-    monkeypatch.setattr(imp, "_fast_import", lambda con, path: taken.append(real(con, path)) or taken[-1])
-    fast = import_predictions(fast_con, f)
-    assert taken and taken[0] is not None  # the columnar path did the import
-    slow_con = connect(tmp_path / "slow.duckdb")
-    register(slow_con, nota, "plus_nota")
-    slow = import_predictions(slow_con, f, fast=False)
-    assert fast == slow and fast.added == len(recs)
-    assert _stored(fast_con) == _stored(slow_con)
+    fast_con = _imported_like_record_path(nota, tmp_path, monkeypatch, f, len(recs))
     outcomes = {r[0] for r in fast_con.execute("SELECT DISTINCT outcome FROM predictions").fetchall()}
-    assert {"answered", "unparsed"} <= outcomes
-    assert import_predictions(fast_con, f).added == 0  # idempotent
     fast_con.close()
-    slow_con.close()
+    assert {"answered", "unparsed"} <= outcomes
 
 
 def test_one_options_scan_for_many_datasets_writes_the_same_rows(nota, tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ from equipoise.builders.mcq_build import build_mcq_suite
 from equipoise.evaluators.importer import ImportError_, import_predictions
 from equipoise.evaluators.ingest import register
 from equipoise.evaluators.store import connect
-from tests.test_import import _records
+from tests.test_import import _imported_like_record_path, _records, _stored
 
 _SAMPLES = 500  # per item, 10 items: about 2.6 MB of JSONL, i.e. the head plus two more blocks
 _BLOCK = 1 << 20  # Arrow's default JSON block size (the importer does not change it)
@@ -60,32 +60,10 @@ def _write(path, recs):
     return path
 
 
-def _stored(con) -> dict[str, list[tuple]]:
-    return {
-        t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()
-        for t in ("runs", "predictions", "option_scores")
-    }
-
-
 def test_a_multi_block_file_imports_columnar_like_the_record_path(nota, tmp_path, monkeypatch):
-    import equipoise.evaluators.importer as imp
-
     recs = _big(nota)
     f = _write(tmp_path / "big.jsonl", recs)
-    fast_con, slow_con = connect(tmp_path / "fast.duckdb"), connect(tmp_path / "slow.duckdb")
-    for con in (fast_con, slow_con):
-        register(con, nota, "plus_nota")
-    taken = []
-    real = imp._fast_import
-    monkeypatch.setattr(imp, "_fast_import", lambda con, path: taken.append(real(con, path)) or taken[-1])
-    fast = import_predictions(fast_con, f)
-    assert taken and taken[0] is not None  # the columnar path did the import
-    slow = import_predictions(slow_con, f, fast=False)
-    assert fast == slow and fast.added == len(recs)
-    assert _stored(fast_con) == _stored(slow_con)
-    assert import_predictions(fast_con, f).added == 0  # a resume adds nothing
-    fast_con.close()
-    slow_con.close()
+    _imported_like_record_path(nota, tmp_path, monkeypatch, f, len(recs)).close()
 
 
 _FAULTS = [
