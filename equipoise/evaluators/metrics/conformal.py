@@ -983,14 +983,6 @@ def _run_query(
     return con.execute(_query(score, by, params, con, cov, summary, **summary_values)).df()
 
 
-def conformal_sql(
-    score: str, by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None
-) -> str:
-    """The rendered query of conformal_lac / conformal_aps / conformal_sampling (with ``con``: reading
-    the split hashes and the calibration mask shared by the connection's conformal metrics where it may)."""
-    return _query(score, by, params, con, None, _summary(score))
-
-
 def _summary(score: str) -> str:
     """The summary query of conformal_lac / conformal_aps / conformal_sampling."""
     return "conf_sampling_summary.sql" if score == "sampling" else "conf_option_summary.sql"
@@ -1005,11 +997,6 @@ def _coverage_by_args(by: Sequence[str], params: dict) -> tuple[str, str]:
     if cov in by:
         raise ValueError(f"coverage_by {cov!r} is already a grouping column")
     return str(score), cov
-
-
-def coverage_by_sql(by: Sequence[str], params: dict, con: duckdb.DuckDBPyConnection | None = None) -> str:
-    score, cov = _coverage_by_args(by, params)
-    return _query(score, by, params, con, cov, "conf_coverage_by.sql", cov_name=cov)
 
 
 def _runner(score: str):
