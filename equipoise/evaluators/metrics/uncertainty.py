@@ -201,7 +201,7 @@ def split_fraction_sql(key: str) -> str:
     """An item's place in the md5 splits (held-out bounds, combiner training rows): the first 32
     bits of md5(key) as a fraction in [0, 1); a row is in the split when it lies below the split's
     fraction. ``key`` is a column name (``item_id`` or ``base_id``)."""
-    return f"('0x' || substr(md5({key}), 1, 8))::UBIGINT / {_SPLIT_DIVISOR}"
+    return f"{_split_bits_sql(key)} / {_SPLIT_DIVISOR}"
 
 
 def _split_bits_sql(key: str) -> str:
@@ -365,39 +365,39 @@ def _split_key(params: dict) -> str:
     return str(key)
 
 
-def _bound_fragments(params: dict) -> dict[str, str]:
-    """What unc_normalized and unc_normalization_bounds share, rendered once so the two cannot
-    drift apart: the held-out test (the md5 split fraction ``_split`` of the scores' source, see
-    ``_scores_source``, below holdout_fraction), the DOUBLE casts of the scores and the per-score
-    bound aggregates (n__x, lo__x, hi__x over the held-out rows)."""
-    cols = _columns(params, "scores", SCORE_COLUMNS)
+def _upper_quantile(params: dict) -> float:
     q = float(params["upper_quantile"])
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"upper_quantile must lie in [0, 1], got {q}")
+    return q
+
+
+def _bound_fragments(params: dict) -> dict[str, str]:
+    """What unc_normalized and unc_normalization_bounds share, rendered once so the two cannot
+    drift apart: the held-out test (the md5 split fraction ``_split`` of the scores' source, see
+    ``_scores_source``, below holdout_fraction) and the DOUBLE casts of the scores (the bounds
+    themselves are ``_bounds_select``'s). The upper quantile is validated here too, so a bad one
+    is refused whichever of the two metrics runs first."""
+    cols = _columns(params, "scores", SCORE_COLUMNS)
+    _upper_quantile(params)
     fraction = _fraction(params, "holdout_fraction")
-    held = "FILTER (WHERE in_holdout)"
     return {
         "in_holdout": f"_split < {fraction!r}",
         "score_casts": ", ".join(f"CAST({c} AS DOUBLE) AS {c}" for c in cols),
-        "bound_aggregates": ", ".join(
-            f"count({c}) {held} AS n__{c}, min({c}) {held} AS lo__{c}, "
-            f"quantile_cont({c}, {q!r}) {held} AS hi__{c}"
-            for c in cols
-        ),
     }
 
 
 def _bounds_select(by: Sequence[str], params: dict) -> str:
     """The bounds as a SELECT over the relation ``wide`` (per item: the grouping columns,
     ``in_holdout`` and the DOUBLE scores): one row per group of ``by`` with _n_rows (the group's
-    items) and, per score, ``n__x, lo__x, hi__x``, the values of ``_bound_fragments``'
-    bound_aggregates. The held-out rows are aggregated under a WHERE and joined to the per-group
-    counts (a group without held-out rows gets counts 0 and NULL bounds, as the FILTERed aggregates
-    give): three FILTER clauses per score made the aggregate about four times the CPU at 1M
-    predictions, each one selecting the held-out rows again for its own aggregate."""
+    items) and, per score, ``n__x, lo__x, hi__x``: the held-out rows' count, minimum and
+    upper_quantile continuous quantile of the score. The held-out rows are aggregated under a WHERE
+    and joined to the per-group counts (a group without held-out rows gets counts 0 and NULL
+    bounds, as FILTERed aggregates would give): three FILTER clauses per score made the aggregate
+    about four times the CPU at 1M predictions, each one selecting the held-out rows again for its
+    own aggregate."""
     cols = _columns(params, "scores", SCORE_COLUMNS)
-    _bound_fragments(params)  # validates the quantile and the fraction
-    q = float(params["upper_quantile"])
+    q = _upper_quantile(params)
     held = ", ".join(
         f"count({c}) AS n__{c}, min({c}) AS lo__{c}, quantile_cont({c}, {q!r}) AS hi__{c}" for c in cols
     )

@@ -6,7 +6,8 @@
 -- NULL score, or a group with no defined held-out value (NULL bounds), gives NULL. One row per
 -- (run_id, item_id), one DOUBLE column per score named as the score, holding the normalised value;
 -- held-out rows are left out unless include_holdout is set. The raw values are unc_scores' and the
--- bounds unc_normalization_bounds' (the same bound_aggregates): neither is repeated here.
+-- bounds unc_normalization_bounds' (the same query, uncertainty._bounds_select): neither is
+-- repeated here.
 --
 -- Why wide: one row per item and score repeated each group's three bounds on every row, and the
 -- unpivot plus writing (number of scores) times as many rows was most of this metric's cost.
@@ -15,8 +16,8 @@
 -- is hashed once per item). wide is MATERIALIZED when the bounds aggregate it here, so
 -- that its two consumers do not each read and cast (or hash) every item; with the bounds read from
 -- the cache it has one consumer and is inlined (copying every item's scores first cost about 15%
--- of this metric's CPU at 1M predictions). The bounds are one grouped aggregate ({bound_aggregates}: per
--- score n__x, lo__x, hi__x over the held-out rows) of wide, or the same aggregate read from the
+-- of this metric's CPU at 1M predictions). The bounds are one grouped aggregate (uncertainty._bounds_select:
+-- per score n__x, lo__x, hi__x over the held-out rows) of wide, or the same aggregate read from the
 -- table unc_normalization_bounds left in the connection's cache (see uncertainty._bounds_cache),
 -- joined to the items of their group (NULL group values match, as in GROUP BY).
 -- Over the write-time fact, the rows are sorted on two integers that give the order of (strata,
