@@ -247,8 +247,9 @@ def _fast_table(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
 
 _SAMPLE_BYTES = 1 << 20
 _DEFAULTED = ("backend", "prompt_style", "sample_index")
-# Parquet string columns read as dictionaries: the run key's and parsed_label (few values each)
-_DICTIONARY_COLUMNS = frozenset({*_RUN_KEY, "parsed_label"}) - {"temperature"}
+# Parquet string columns read as dictionaries: the run key's and parsed_label (few values each;
+# the read takes only the string ones, so the run key's float temperature never is one)
+_DICTIONARY_COLUMNS = frozenset({*_RUN_KEY, "parsed_label"})
 
 
 def _parse_jsonl(path: Path) -> pyarrow.Table:

@@ -32,7 +32,7 @@ WITH g AS (
                      WHEN n_b = 1 THEN (e_before + e_b)::DOUBLE / (k_before + 1)
                      ELSE list_sum(list_transform(range(1, n_b + 1),
                                    lambda j: (e_before + j * e_b::DOUBLE / n_b) / (k_before + j))) END
-                * (2::DOUBLE ^ 90))::HUGEINT) FILTER (WHERE cal_status = 'used')::DOUBLE / (2::DOUBLE ^ 90) AS risk_sum
+                * (2::DOUBLE ^ 90))::HUGEINT)::DOUBLE / (2::DOUBLE ^ 90) AS risk_sum
     FROM cal_blocks
     {group_by}
 ),
