@@ -426,8 +426,9 @@ def connect(
     ``memory_limit`` (DuckDB syntax, e.g. ``"2GB"``) caps DuckDB's buffer memory for this
     connection; what does not fit (materialized metric tables, sorts, hash tables) spills to
     ``<store>.tmp`` next to the store and is removed when the connection closes. Without it DuckDB
-    takes 80% of RAM, and a metrics pass over current facts then caps itself at about half the
-    store file (``registry.cap_pass_memory``); a limit
+    takes 80% of RAM, and a metrics pass over current facts then caps itself at the room left
+    under 90% of the store file after the process's own memory (``registry.pass_memory_cap``:
+    about half the store at 1M predictions, 70% at 10M); a limit
     given here is the caller's choice, higher or lower, and the pass keeps it (the connection
     variable ``MEMORY_LIMIT_VAR`` records it). An invalid value raises ``ValueError`` naming it.
     """
