@@ -11,7 +11,8 @@ in a temporary folder. Each child reports VmHWM after the imports, after ``prepa
 metric, the metric's wall and CPU seconds, and its rows; the table is sorted by peak. The store is
 only read (use a copy anyway when other jobs may write it). Linux only (reads /proc/self/status).
 ``--setting NAME=VALUE`` runs ``SET NAME = VALUE`` on the connection before ``prepare`` (e.g.
-``threads=1``), to measure what a DuckDB setting does to memory.
+``threads=1``), to measure what a DuckDB setting does to memory; ``memory_limit`` is passed to
+``connect`` instead, as ``equipoise metrics --memory-limit`` does, so the pass keeps it.
 """
 
 from __future__ import annotations
@@ -40,12 +41,17 @@ def child(store: Path, name: str, settings: list[str], outdir: Path) -> dict[str
     import sklearn.linear_model  # noqa: F401
 
     out: dict[str, Any] = {"metric": name, "imports_mib": peak_mib()}
-    con = connect(store, read_only=True)
-    for s in settings:
-        key, value = s.split("=", 1)
+    pairs = [s.split("=", 1) for s in settings]
+    for key, _ in pairs:
         if not re.fullmatch(r"[a-z_]+", key):
             raise SystemExit(f"--setting: bad name {key!r}")
-        con.execute(f"SET {key} = {sql_literal(value)}")
+    # memory_limit goes through connect, as --memory-limit does: a limit SET afterwards would be
+    # taken for the connection's default and lowered to the pass cap (registry.cap_pass_memory)
+    limit = next((value for key, value in pairs if key == "memory_limit"), None)
+    con = connect(store, read_only=True, memory_limit=limit)
+    for key, value in pairs:
+        if key != "memory_limit":
+            con.execute(f"SET {key} = {sql_literal(value)}")
     prepare(con, materialize=True)
     out["prepare_mib"] = peak_mib()
     t0, c0 = time.perf_counter(), cpu_s()
