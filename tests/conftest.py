@@ -22,6 +22,18 @@ def systems():
     return SYSTEMS
 
 
+@pytest.fixture(scope="session")
+def nota(tmp_path_factory) -> Path:
+    """The bundled NOTA suite built once (seed 1) for the import tests (test_import,
+    test_import_blocks). Modules that need another seed define their own ``nota``, which overrides
+    this one."""
+    from equipoise.builders.mcq_build import build_mcq_suite
+
+    out = tmp_path_factory.mktemp("nota") / "nota"
+    build_mcq_suite("nota", out, seed=1)
+    return out
+
+
 def random_value(inp, rng: random.Random):
     from tests.bruteforce import full_grid
 

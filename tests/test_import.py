@@ -10,19 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from equipoise.builders.mcq_build import build_mcq_suite
 from equipoise.builders.prompts import decision_template
 from equipoise.cli import app
 from equipoise.evaluators.importer import ImportError_, import_predictions
 from equipoise.evaluators.ingest import dataset_id, register
 from equipoise.evaluators.store import connect, scalar
-
-
-@pytest.fixture(scope="module")
-def nota(tmp_path_factory):
-    out = tmp_path_factory.mktemp("nota") / "nota"
-    build_mcq_suite("nota", out, seed=1)
-    return out
 
 
 def _records(folder, config="plus_nota", n=10):

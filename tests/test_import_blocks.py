@@ -16,7 +16,6 @@ import json
 
 import pytest
 
-from equipoise.builders.mcq_build import build_mcq_suite
 from equipoise.evaluators.importer import ImportError_, import_predictions
 from equipoise.evaluators.ingest import register
 from equipoise.evaluators.store import connect
@@ -24,13 +23,6 @@ from tests.test_import import _imported_like_record_path, _records, _stored
 
 _SAMPLES = 500  # per item, 10 items: about 2.6 MB of JSONL, i.e. the head plus two more blocks
 _BLOCK = 1 << 20  # Arrow's default JSON block size (the importer does not change it)
-
-
-@pytest.fixture(scope="module")
-def nota(tmp_path_factory):
-    out = tmp_path_factory.mktemp("nota") / "nota"
-    build_mcq_suite("nota", out, seed=1)
-    return out
 
 
 def _big(folder) -> list[dict]:
