@@ -39,10 +39,19 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _metrics(path: Path, by: tuple[str, ...] | None) -> tuple[dict[str, pd.DataFrame], bool]:
+def _metrics(
+    path: Path, by: tuple[str, ...] | None, threads: int | None = None, force_parallel: bool = False
+) -> tuple[dict[str, pd.DataFrame], bool]:
+    """Every metric of a read-only pass (grouped by ``by``, default: each metric's own), and whether
+    it read the facts; with ``threads`` DuckDB threads and, with ``force_parallel``, parallelism
+    forced onto small data (``PRAGMA verify_parallelism``, see the thread tests below)."""
     _load_all()
     con = connect(path, read_only=True)
     try:
+        if threads is not None:
+            con.execute(f"SET threads = {threads}")
+        if force_parallel:
+            con.execute("PRAGMA verify_parallelism")
         prepare(con, materialize=True)
         used = uses_facts(con)
         out: dict[str, pd.DataFrame] = {}
@@ -461,22 +470,6 @@ def test_facts_are_bit_identical_whatever_the_threads_and_batches(
     assert differ == [], f"fact tables that depend on threads or batches: {differ}"
 
 
-def _metrics_threads(path: Path, threads: int, force_parallel: bool) -> dict[str, pd.DataFrame]:
-    """Every metric (default grouping) over the store's current facts, with ``threads`` DuckDB
-    threads and, with ``force_parallel``, parallelism forced onto small data (see below)."""
-    _load_all()
-    con = connect(path, read_only=True)
-    try:
-        con.execute(f"SET threads = {threads}")
-        if force_parallel:
-            con.execute("PRAGMA verify_parallelism")
-        prepare(con, materialize=True)
-        assert uses_facts(con)
-        return {name: compute(con, name) for name in sorted(REGISTRY)}
-    finally:
-        con.close()
-
-
 def test_metrics_over_facts_are_bit_identical_whatever_the_threads(store: Path, tmp_path: Path) -> None:
     """The metrics a pass over current facts reports do not depend on DuckDB's threads: one thread,
     or four with parallelism forced (``PRAGMA verify_parallelism``, as in the fact test above: this
@@ -489,8 +482,9 @@ def test_metrics_over_facts_are_bit_identical_whatever_the_threads(store: Path, 
     con = connect(path)
     facts.refresh(con)
     con.close()
-    one = _metrics_threads(path, 1, force_parallel=False)
-    four = _metrics_threads(path, 4, force_parallel=True)
+    one, used_one = _metrics(path, None, threads=1)
+    four, used_four = _metrics(path, None, threads=4, force_parallel=True)
+    assert used_one and used_four
     assert sum(len(df) for df in one.values()) > 100
     differ = []
     for name in one:
