@@ -6,8 +6,10 @@
 -- another template of the same style, can never duplicate a pair). An item's value is the mean over
 -- its samples; rates are means over the pairs. Strata ({{by}}) come from the abstention-side item.
 -- Abstention items without a gold partner are counted in n_unpaired and left out of every rate.
--- Unparsed samples (no valid option: unparseable, error, free-text refusal, unknown letter) count as
--- neither target nor distractor and are reported per side.
+-- Rates over pairs add each subset's per-item values sorted (list_avg(list_sort(list(...)))), not
+-- with avg(), whose parallel sum of doubles could change the last bit from run to run (an item's
+-- value is a ratio such as 1/3). Unparsed samples (no valid option: unparseable, error, free-text
+-- refusal, unknown letter) count as neither target nor distractor and are reported per side.
 -- The five run settings a pair must share (dataset_id, model, backend, prompt_style, decoding_json)
 -- are columns of `runs`, so they are numbered once over the few runs (pair_class; NULL when one is
 -- NULL, which `=` never matches either) and items pair on (pair_class, base_id, clr_k). An item of
@@ -58,13 +60,17 @@ SELECT {by}
        upper(clr_task)                                                    AS framing,
        count(gold_p_target)                                               AS n_pairs,
        count(*) - count(gold_p_target)                                    AS n_unpaired,
-       avg(gold_p_target)                                                 AS accuracy,
-       avg(p_target) FILTER (WHERE gold_p_target IS NOT NULL)             AS abstention_rate,
-       avg(gold_p_target) - avg(p_target) FILTER (WHERE gold_p_target IS NOT NULL)
+       list_avg(list_sort(list(gold_p_target)))                           AS accuracy,
+       list_avg(list_sort(list(p_target) FILTER (WHERE gold_p_target IS NOT NULL)))
+                                                                          AS abstention_rate,
+       list_avg(list_sort(list(gold_p_target)))
+         - list_avg(list_sort(list(p_target) FILTER (WHERE gold_p_target IS NOT NULL)))
                                                                           AS humility_deficit,
-       avg(p_distractor) FILTER (WHERE gold_p_target IS NOT NULL)         AS incorrect_selection_rate,
-       avg(gold_p_unparsed)                                               AS unparsed_rate_gold,
-       avg(p_unparsed) FILTER (WHERE gold_p_target IS NOT NULL)           AS unparsed_rate_abstain
+       list_avg(list_sort(list(p_distractor) FILTER (WHERE gold_p_target IS NOT NULL)))
+                                                                          AS incorrect_selection_rate,
+       list_avg(list_sort(list(gold_p_unparsed)))                         AS unparsed_rate_gold,
+       list_avg(list_sort(list(p_unparsed) FILTER (WHERE gold_p_target IS NOT NULL)))
+                                                                          AS unparsed_rate_abstain
 FROM pairs
 GROUP BY ALL
 ORDER BY ALL

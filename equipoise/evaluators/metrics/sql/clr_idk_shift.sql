@@ -8,9 +8,10 @@
 -- never duplicate a pair). An item's rate is the mean over its samples; rates are means over the
 -- pairs. Strata ({{by}}) come from the after item (its framing column reads e.g. 'IDK+NA'; the added
 -- option is added_framing). After items without a before partner are counted in n_unpaired only.
--- Pairing columns as in clr_humility.sql: runs numbered by their five shared settings (pair_class,
--- NULL when one is NULL), after items grouped by their key (run_id, item_id) alone with any_value of
--- the columns that are functions of it (the strata of the grouping: {{by_any}}).
+-- Means over pairs add sorted lists, as in clr_humility.sql (the same bits whatever DuckDB's
+-- threads). Pairing columns as in clr_humility.sql: runs numbered by their five shared settings
+-- (pair_class, NULL when one is NULL), after items grouped by their key (run_id, item_id) alone
+-- with any_value of the columns that are functions of it (the strata of the grouping: {{by_any}}).
 WITH rc AS (
 {run_class}
 ),
@@ -69,14 +70,14 @@ agg AS (
            added                                                             AS added_framing,
            count(b_na)                                                       AS n_pairs,
            count(*) - count(b_na)                                            AS n_unpaired,
-           avg(b_distractor)                                                 AS p_distractor_before,
-           avg(b_na)                                                         AS p_na_before,
-           avg(b_second)                                                     AS p_second_before,
-           avg(b_unparsed)                                                   AS p_unparsed_before,
-           avg(p_distractor) FILTER (WHERE b_na IS NOT NULL)                 AS p_distractor_after,
-           avg(p_na) FILTER (WHERE b_na IS NOT NULL)                         AS p_na_after,
-           avg(p_second) FILTER (WHERE b_na IS NOT NULL)                     AS p_second_after,
-           avg(p_unparsed) FILTER (WHERE b_na IS NOT NULL)                   AS p_unparsed_after
+           list_avg(list_sort(list(b_distractor)))                               AS p_distractor_before,
+           list_avg(list_sort(list(b_na)))                                       AS p_na_before,
+           list_avg(list_sort(list(b_second)))                                   AS p_second_before,
+           list_avg(list_sort(list(b_unparsed)))                                 AS p_unparsed_before,
+           list_avg(list_sort(list(p_distractor) FILTER (WHERE b_na IS NOT NULL))) AS p_distractor_after,
+           list_avg(list_sort(list(p_na) FILTER (WHERE b_na IS NOT NULL)))       AS p_na_after,
+           list_avg(list_sort(list(p_second) FILTER (WHERE b_na IS NOT NULL)))   AS p_second_after,
+           list_avg(list_sort(list(p_unparsed) FILTER (WHERE b_na IS NOT NULL))) AS p_unparsed_after
     FROM pairs
     GROUP BY ALL
 )
