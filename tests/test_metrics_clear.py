@@ -414,3 +414,22 @@ def test_bad_params_are_refused(store):
         assert con.execute("SELECT count(*) FROM predictions").fetchone()[0] == before
     finally:
         con.close()
+
+
+@pytest.mark.parametrize("name", ["humility_deficit", "idk_shift", "chance_baseline"])
+def test_clear_metrics_do_not_depend_on_threads(store, name):
+    """The same bits with one DuckDB thread and with four and parallelism forced onto this small
+    store (``PRAGMA verify_parallelism``): the rates over pairs are means of per-item ratios such as
+    1/3, which a parallel ``avg`` would add in thread order."""
+    got = {}
+    for threads, forced in ((1, False), (4, True)):
+        con = duckdb.connect(str(store), read_only=True)
+        try:
+            con.execute(f"SET threads = {threads}")
+            if forced:
+                con.execute("PRAGMA verify_parallelism")
+            got[threads] = compute(con, name, ["model", "prompt_style"])
+        finally:
+            con.close()
+    assert len(got[1]) > 0
+    pd.testing.assert_frame_equal(got[4], got[1], check_exact=True)
