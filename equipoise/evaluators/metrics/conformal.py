@@ -49,8 +49,8 @@ Calibration mask. Which units calibrate in which repeat depends only on the unit
 run_id and unit key of each), the seed, the repeats and cal_fraction, never on the score. It is
 computed once as one bit per unit and repeat (UBIGINT words m0, m1, ...: bit r % 64 of word r // 64
 is set iff the unit is calibration in repeat r, so any number of repeats fits) and every per-repeat
-sum is then computed without units x repeats rows: the calibration heaps as an aggregate per repeat
-over the unit rows, all repeats side by side in one scan, and the test sums (units, covered, empty,
+sum is then computed without units x repeats rows: the calibration scores that q_hat needs as one
+sorted list per group, filtered per repeat by its mask bit, and the test sums (units, covered, empty,
 set size) as the sums over all units minus those over the repeat's calibration units, the latter
 read from the units grouped once per 8-bit slice of their mask words (``SLICE_BITS``); only the few
 units whose coverage or emptiness differs between repeats (a score between the repeats' smallest
@@ -546,9 +546,10 @@ def _bit(r: int) -> str:
     return f"'{1 << (r % 64)}'::UBIGINT"
 
 
-def _cal(r: int) -> str:
-    """SQL: the unit is calibration in repeat r (its mask bit is set)."""
-    return f"(m{r // 64} & {_bit(r)}) <> 0"
+def _cal(r: int, row: str = "") -> str:
+    """SQL: the unit is calibration in repeat r (its mask bit is set); ``row``: the prefix of its mask
+    words' names (e.g. "x." for a struct x)."""
+    return f"({row}m{r // 64} & {_bit(r)}) <> 0"
 
 
 def _test(r: int) -> str:
@@ -621,15 +622,18 @@ def _per_repeat(template: str, repeats: int) -> str:
 
 
 def _listed(template: str, repeats: int) -> str:
-    return "[" + ", ".join(template.format(r=r) for r in range(repeats)) + "]"
+    """``template`` formatted per repeat r (with r and {cal}: the repeat's mask bit of a list element
+    x is set), as one SQL list literal."""
+    return "[" + ", ".join(template.format(r=r, cal=_cal(r, "x.")) for r in range(repeats)) + "]"
 
 
 def _split_extra(score: str, repeats: int) -> dict[str, str]:
-    """Template values of ``conf_split.sql``: the per-repeat aggregates over the unit rows (heaps and
+    """Template values of ``conf_split.sql``: the per-repeat aggregates over the unit rows (q_hat's scores and
     counts of calibration, the test units whose outcome depends on the repeat), the slices of the
     mask words that give every repeat's test sums (``test_slices``), and the lists that turn them
     into one row per repeat; for sampling units also the majority-vote and hit sums."""
     counts = ["n", "lo", "cv", "em"]
+    words = _words(repeats)
     slice_aggs = "count(*) AS n, sum(n_lo) AS lo, count_if(cv_all) AS cv, count_if(em_all) AS em"
     extra = {"per_rep_extra": "", "rep_stats_extra": "", "test_unit_cols": ""}
     if score == "sampling":
@@ -658,11 +662,10 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
     )
     return {
         **extra,
-        "band_aggs": _per_repeat(
-            "count_if({cal}) AS nb_{r}, max(u.st, u.m_top) FILTER (WHERE {cal}) AS tp_{r}", repeats
-        ),
-        "band_n": _listed("nb_{r}", repeats),
-        "band_top": _listed("tp_{r}", repeats),
+        # a band unit as a struct of its target score and mask words; per repeat, the scores of the
+        # band's calibration units (the sorted list filtered by the repeat's bit: still sorted)
+        "band_row": "{" + ", ".join(["'st': u.st", *(f"'m{w}': u.m{w}" for w in range(words))]) + "}",
+        "band_lists": _listed("list_transform(list_filter(bl, lambda x: {cal}), lambda x: x.st)", repeats),
         "null_aggs": _per_repeat("count_if({cal}) AS nn_{r}", repeats),
         "null_n": _listed("nn_{r}", repeats),
         "full_aggs": _per_repeat(
