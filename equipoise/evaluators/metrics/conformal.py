@@ -49,8 +49,8 @@ Calibration mask. Which units calibrate in which repeat depends only on the unit
 run_id and unit key of each), the seed, the repeats and cal_fraction, never on the score. It is
 computed once as one bit per unit and repeat (UBIGINT words m0, m1, ...: bit r % 64 of word r // 64
 is set iff the unit is calibration in repeat r, so any number of repeats fits) and every per-repeat
-sum is then computed without units x repeats rows: the calibration heaps as an aggregate per repeat
-over the unit rows, all repeats side by side in one scan, and the test sums (units, covered, empty,
+sum is then computed without units x repeats rows: the calibration scores that q_hat needs as one
+sorted list per group, filtered per repeat by its mask bit, and the test sums (units, covered, empty,
 set size) as the sums over all units minus those over the repeat's calibration units, the latter
 read from the units grouped once per 8-bit slice of their mask words (``SLICE_BITS``); only the few
 units whose coverage or emptiness differs between repeats (a score between the repeats' smallest
@@ -280,14 +280,8 @@ def _below(p: str) -> str:
     return f"coalesce(list_sum(list_filter(ps, lambda y: y < {p})), 0.0)"
 
 
-# LAC and plain APS: the unit's scores are per-sample facts (``sample_probs``, one row per sample):
-# every option's score (unscored options included, as 1.0) and the target's, read as they are
-_SCORES_FACT = (
-    "SELECT run_id, item_id, n_scored, target_prob IS NOT NULL AS has_target, {score}_scores AS ss, "
-    "{score}_target AS st FROM sample_probs WHERE sample_index = {sample_index}"
-)
-# otherwise (plain views, randomised APS) the query computes them from option rows: the item's
-# option count, for the unscored options' 1.0 scores
+# the query's own units (plain views, randomised APS) compute the scores from option rows: the
+# item's option count, for the unscored options' 1.0 scores
 _N_OPTIONS_CTE = """n_options AS (
     SELECT dataset_id, config, item_id, count(*) AS n_opt FROM options GROUP BY dataset_id, config, item_id
 ),"""
@@ -297,29 +291,19 @@ _N_OPTIONS_JOIN = (
 )
 
 
-def _option_score_sql(score: str, params: dict, from_facts: bool) -> dict[str, str]:
+def _option_score_sql(score: str, params: dict) -> dict[str, str]:
     """Template values of ``conf_option_units.sql`` for one score: the per-unit query ``probs``,
     what ``base`` takes from it, and the unit's score list ``ss`` and target score ``st``.
 
-    ``from_facts`` (the base relations are fixed for the connection: the store's facts or TEMP
-    tables): LAC and plain APS read both from the per-sample rows of ``sample_probs`` (whose SQL
-    holds their formulas). Otherwise ``sample_probs`` is a view that would join ``scored`` again on
-    every call, so the query groups ``option_probs`` itself with the same formulas (the fact tests
-    compare the two paths cell by cell); so does randomised APS always, as U depends on the seed
-    and the option's identity."""
+    The query groups ``option_probs`` itself, with the formulas of ``sample_probs`` (the fact tests
+    compare the two paths cell by cell): what a connection whose ``sample_probs`` is a view (it
+    would join ``scored`` again on every call) and randomised APS (U depends on the seed and the
+    option's identity) use. LAC and plain APS on fixed base relations read the per-sample facts
+    instead, on the shared mask table (``_cached_option_units``), and never render this."""
     sample = _int(params, "sample_index", 0)
     if score not in ("lac", "aps"):
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
     randomized = score == "aps" and bool(params.get("aps_randomized"))
-    if from_facts and not randomized:
-        return {
-            "probs_sql": _SCORES_FACT.format(score=score, sample_index=sample),
-            "n_options_cte": "",
-            "n_options_join": "",
-            "base_cols": ", pr.ss, pr.st",
-            "ss_expr": "ss",
-            "st_expr": "st",
-        }
     pu_agg, pu_cols = "", ""
     if score == "lac":  # 1 - p of each option
         opt_list, opt_score, target_score = "ps", "1.0 - o", "1.0 - p_target"
@@ -536,7 +520,7 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_fac
         unit_cols=", ".join(dict.fromkeys(keep)),
         id_ctes=_ids_sql("sc0", values),
         **ids,
-        **_option_score_sql(score, params, from_facts),
+        **_option_score_sql(score, params),
         **values,
     )
 
@@ -546,9 +530,10 @@ def _bit(r: int) -> str:
     return f"'{1 << (r % 64)}'::UBIGINT"
 
 
-def _cal(r: int) -> str:
-    """SQL: the unit is calibration in repeat r (its mask bit is set)."""
-    return f"(m{r // 64} & {_bit(r)}) <> 0"
+def _cal(r: int, row: str = "") -> str:
+    """SQL: the unit is calibration in repeat r (its mask bit is set); ``row``: the prefix of its mask
+    words' names (e.g. "x." for a struct x)."""
+    return f"({row}m{r // 64} & {_bit(r)}) <> 0"
 
 
 def _test(r: int) -> str:
@@ -621,15 +606,18 @@ def _per_repeat(template: str, repeats: int) -> str:
 
 
 def _listed(template: str, repeats: int) -> str:
-    return "[" + ", ".join(template.format(r=r) for r in range(repeats)) + "]"
+    """``template`` formatted per repeat r (with r and {cal}: the repeat's mask bit of a list element
+    x is set), as one SQL list literal."""
+    return "[" + ", ".join(template.format(r=r, cal=_cal(r, "x.")) for r in range(repeats)) + "]"
 
 
 def _split_extra(score: str, repeats: int) -> dict[str, str]:
-    """Template values of ``conf_split.sql``: the per-repeat aggregates over the unit rows (heaps and
+    """Template values of ``conf_split.sql``: the per-repeat aggregates over the unit rows (q_hat's scores and
     counts of calibration, the test units whose outcome depends on the repeat), the slices of the
     mask words that give every repeat's test sums (``test_slices``), and the lists that turn them
     into one row per repeat; for sampling units also the majority-vote and hit sums."""
     counts = ["n", "lo", "cv", "em"]
+    words = _words(repeats)
     slice_aggs = "count(*) AS n, sum(n_lo) AS lo, count_if(cv_all) AS cv, count_if(em_all) AS em"
     extra = {"per_rep_extra": "", "rep_stats_extra": "", "test_unit_cols": ""}
     if score == "sampling":
@@ -658,11 +646,10 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
     )
     return {
         **extra,
-        "band_aggs": _per_repeat(
-            "count_if({cal}) AS nb_{r}, max(u.st, u.m_top) FILTER (WHERE {cal}) AS tp_{r}", repeats
-        ),
-        "band_n": _listed("nb_{r}", repeats),
-        "band_top": _listed("tp_{r}", repeats),
+        # a band unit as a struct of its target score and mask words; per repeat, the scores of the
+        # band's calibration units (the sorted list filtered by the repeat's bit: still sorted)
+        "band_row": "{" + ", ".join(["'st': u.st", *(f"'m{w}': u.m{w}" for w in range(words))]) + "}",
+        "band_lists": _listed("list_transform(list_filter(bl, lambda x: {cal}), lambda x: x.st)", repeats),
         "null_aggs": _per_repeat("count_if({cal}) AS nn_{r}", repeats),
         "null_n": _listed("nn_{r}", repeats),
         "full_aggs": _per_repeat(
@@ -807,11 +794,14 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dic
 
     The mask depends on the unit set (group, stratum, run_id and unit key of each unit), the seed,
     the repeats and cal_fraction, never on the score: LAC, APS (randomised or not) and coverage_by
-    share one unit set. The table is named by a hash of its query, which holds every parameter it
-    depends on, so a connection computes it once per unit set and parameters; the identity query
-    (``_mask_identity_sql``) gives the identity columns of the LAC units."""
-    query = _option_mask_query(con, values, params)
-    return cached_table(con, _mask_table_name(query), query)
+    share one unit set. The table is named by a hash of everything its query depends on
+    (``_mask_table_name``), so a connection computes it once per unit set and parameters, and finds
+    it without rendering the query; the identity query (``_mask_identity_sql``) gives the identity
+    columns of the LAC units."""
+    table = _mask_table_name(con, values)
+    if table in temp_tables(con):
+        return table
+    return cached_table(con, table, _option_mask_query(con, values, params))
 
 
 def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
@@ -827,19 +817,23 @@ def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict, params: dic
     )
 
 
-def _mask_table_name(query: str) -> str:
-    return "_conf_mask_" + hashlib.sha256(query.encode()).hexdigest()[:16]
+def _mask_table_name(con: duckdb.DuckDBPyConnection, values: dict) -> str:
+    """The name of the option units' mask table: a hash of what its query (``_option_mask_query``)
+    depends on, i.e. the relations it reads (the store's facts or the connection's TEMP tables), the
+    unit set (grouping and stratum columns, sample) and the split (seed, repeats, cal_fraction) and
+    window knobs; the key is item_id and the SQL is fixed for the process (the table is TEMP). Not
+    a hash of the query itself: rendering it took ~20 ms, paid by every metric that only looks the
+    table up."""
+    names = ("by_cols", "strat_cols", "sample_index", "seed", "repeats", "cal_num", "cal_den")
+    key = [uses_facts(con), *(values[k] for k in (*names, "win_sd", "win_pad"))]
+    return "_conf_mask_" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
 
 
-def _existing_option_mask(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str | None:
+def _existing_option_mask(con: duckdb.DuckDBPyConnection, values: dict) -> str | None:
     """The option units' mask table for these parameters if this connection has already computed it
-    (a pass that ran LAC, APS or coverage_by), else None: nothing is computed here (the split keys
-    are looked for first, so that rendering the mask's query cannot create them)."""
-    temps = temp_tables(con)
-    if _split_keys_table(values, "item_id") not in temps:
-        return None
-    table = _mask_table_name(_option_mask_query(con, values, params))
-    return table if table in temps else None
+    (a pass that ran LAC, APS or coverage_by), else None: nothing is computed here."""
+    table = _mask_table_name(con, values)
+    return table if table in temp_tables(con) else None
 
 
 def _cached_option_units(
@@ -921,8 +915,11 @@ def _query(
     and the two counts are equal; the result then has the column ``_MASK_OK`` (see ``_run_query``,
     which computes the inline mask instead where it is false)."""
     values = _common(by, params)
-    # validates the pool before its column is used
-    units = _units_sql(score, values, params, cov, _fixed(con))
+    # LAC and plain APS on fixed base relations build their units on the shared mask table
+    # (``_cached_option_units``, below); every other query renders its own units (which also
+    # validates the score and the pool before their columns are used)
+    cached = _fixed(con) and score in ("lac", "aps") and not (score == "aps" and params.get("aps_randomized"))
+    units = "" if cached else _units_sql(score, values, params, cov, _fixed(con))
     words = "".join(f"mk.m{w}, " for w in range(_words(values["repeats"])))
     joined = (
         "SELECT u.*, {words}g.m AS m_top FROM units u JOIN {table} mk USING (gid, sid, run_id, ukey) "
@@ -931,7 +928,7 @@ def _query(
     mask_ctes, check, shared = "", "", None
     if share_mask and _fixed(con) and _pooled(score, params):
         assert con is not None
-        shared = _existing_option_mask(con, values, params)
+        shared = _existing_option_mask(con, values)
     if shared is not None:
         mask_units = f"(SELECT * FROM {shared} WHERE m0 IS NOT NULL)"
         units_m = joined.format(words=words, table=mask_units)
@@ -946,7 +943,7 @@ def _query(
     else:
         assert con is not None
         table = _option_mask_table(con, values, params)
-        if score == "aps" and params.get("aps_randomized"):
+        if not cached:  # randomised APS: its own units, joined to the mask table
             units_m = joined.format(words=words, table=table)
         else:
             units = _cached_option_units(con, table, score, values, params, cov)

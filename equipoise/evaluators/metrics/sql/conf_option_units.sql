@@ -11,11 +11,11 @@
 -- `sample_probs` (conformal.py, `_cached_option_units`) instead.
 -- Per unit, not per option row: the scores are one list per run x item, every option's score a list
 -- operation on the item's probabilities sorted ascending (no window over option rows, no join of
--- option rows to items). For LAC and APS the list ss and the target's score st are per-sample
--- facts (`sample_probs`: lac_scores / lac_target, aps_scores / aps_target, see sample_probs.sql),
--- read with no aggregation; randomised APS, whose U depends on the seed and the option, groups
--- `option_probs` itself (that query and the score expressions come from conformal.py,
--- `_option_score_sql`). The item's unscored options have p = 0: no mass below them, so their score
+-- option rows to items). This query groups `option_probs` itself, with the formulas of the
+-- per-sample facts (`sample_probs`: lac_scores / lac_target, aps_scores / aps_target, see
+-- sample_probs.sql; that query and the score expressions come from conformal.py,
+-- `_option_score_sql`): views, and randomised APS, whose U depends on the seed and the option. The
+-- item's unscored options have p = 0: no mass below them, so their score
 -- is exactly 1.0 for LAC and APS, randomised or not, and they add exactly 0 to every other
 -- option's mass_below; they are appended as 1.0. mass_below(p) sums the sorted list's values < p
 -- in ascending order, so the same probabilities give the same double every time.

@@ -13,7 +13,7 @@
 -- over the unit rows (conformal.py writes one expression per repeat, e.g. count_if(<bit r set>)), so
 -- one scan of the units gives the sums of every repeat side by side, and they are then turned into
 -- one row per repeat. The thresholds of a group's repeats are joined to its units as columns q_0 ...
--- (one row per group). q_hat keeps the bounded heap over the units above a band floor (below). The
+-- (one row per group). q_hat is read from the sorted scores of the units above a band floor (below). The
 -- test sums are all units' sums minus the calibration units', grouped by slices of the mask words
 -- (`test_slices`), plus one aggregate per repeat over the few units whose outcome differs between
 -- repeats.
@@ -31,7 +31,7 @@ group_n AS (
     FROM strata
     GROUP BY gid
 ),
-units_m AS (  -- the units with their calibration mask words and their group's heap size m_top
+units_m AS (  -- the units with their calibration mask words and their group's m (m_top)
     {units_m_sql}
 ),
 thr AS (
@@ -41,14 +41,15 @@ thr AS (
     CROSS JOIN range({repeats}) r
 ),
 -- q_hat = the k-th smallest non-NULL calibration target score (NULL when k > their number n): the
--- (n - k + 1)-th largest, taken from the top (n_cal - k + 1) scores kept by a bounded heap (max(x, m),
--- m = m_top, the same for every row of a group) instead of sorting all n_cal of them. Only units
--- whose target score is >= the group's band floor b enter the heaps: b = the T-th largest target
--- score of the group, T = (m + WINDOW_SD sqrt(m) + WINDOW_PAD) * N / n_cal, so that about m + a
--- few sd of the units above b calibrate in each repeat (NULL: no floor). Checked: where some
--- repeat has fewer than n - k + 1 calibration scores >= b, q_hat might lie below b, and that
--- group's heaps are rebuilt from all its units (cal_full). One heap per repeat, side by side, each
--- fed the rows whose mask bit of that repeat is set.
+-- (n - k + 1)-th largest, read from the descending scores of the calibration units whose target
+-- score is >= the group's band floor b, instead of sorting all n_cal of them: b = the T-th largest
+-- target score of the group, T = (m + WINDOW_SD sqrt(m) + WINDOW_PAD) * N / n_cal, so that about
+-- m + a few sd of the units above b calibrate in each repeat (NULL: no floor). The band's units are
+-- listed and sorted ONCE per group (score and mask words), and each repeat's list is that sorted
+-- list filtered by the repeat's mask bit (still sorted): one aggregate per group, not one filtered
+-- bounded heap (max(x, m)) per repeat, which cost about twice as much. Checked: where some repeat
+-- has fewer than n - k + 1 calibration scores >= b, q_hat might lie below b, and that group's
+-- q_hat are taken from heaps over all its units (cal_full: rare, m_top = m bounds them).
 bands AS (
     SELECT u.gid,
            CASE WHEN any_value(g.n_cal) > 0 THEN
@@ -60,13 +61,14 @@ bands AS (
     JOIN group_n g USING (gid)
     GROUP BY u.gid
 ),
-cal_band AS (  -- the calibration units with a target score >= b: how many, and the heap
-    SELECT gid, unnest(range({repeats})) AS rep, unnest({band_n}) AS n_band, unnest({band_top}) AS top
-    FROM (SELECT u.gid, {band_aggs}
-          FROM units_m u
-          JOIN bands bd USING (gid)
-          WHERE bd.b IS NULL OR u.st >= bd.b
-          GROUP BY u.gid)
+cal_band AS (  -- the calibration units with a target score >= b: how many, and their scores, descending
+    SELECT gid, rep, len(top) AS n_band, top
+    FROM (SELECT gid, unnest(range({repeats})) AS rep, unnest({band_lists}) AS top
+          FROM (SELECT u.gid, list_sort(list({band_row}), 'DESC') AS bl
+                FROM units_m u
+                JOIN bands bd USING (gid)
+                WHERE u.st IS NOT NULL AND (bd.b IS NULL OR u.st >= bd.b)
+                GROUP BY u.gid))
 ),
 cal_null AS (  -- calibration units without a target score: n = n_cal - these
     SELECT gid, unnest(range({repeats})) AS rep, unnest({null_n}) AS n_null
@@ -116,16 +118,20 @@ q_cols AS (
 -- NULL, and only st in (q_lo, q_hi] (cv_border) depends on the repeat; likewise it is empty in every
 -- repeat where its smallest score mn > q_hi or it has no option (em_all), and only mn in (q_lo,
 -- q_hi] (em_border) depends on the repeat.
+-- bs: the unit's scores in (q_lo, q_hi] (NULL where it has none, most units), listed here once so
+-- that `test_border` reads these few lists instead of filtering every unit's scores again.
 -- (materialized: narrow rows, read by every slice below)
 test_units AS MATERIALIZED (
-    SELECT * EXCLUDE (q_lo, q_hi), coalesce(st <= q_lo, false) AS cv_all, coalesce(mn > q_hi, true) AS em_all,
+    SELECT * EXCLUDE (ss, n_hi, q_lo, q_hi), coalesce(st <= q_lo, false) AS cv_all, coalesce(mn > q_hi, true) AS em_all,
            coalesce(st > q_lo AND st <= q_hi, false) AS cv_border,
            coalesce(mn > q_lo AND mn <= q_hi, false) AS em_border
-    FROM (SELECT u.gid, u.cov, u.st, {mask_cols}{test_unit_cols},
-                 len(list_filter(u.ss, lambda x: x <= q.q_lo)) AS n_lo, list_min(u.ss) AS mn, q.q_lo, q.q_hi
-          FROM units_m u
-          JOIN q_cols q USING (gid)
-          WHERE u.ss IS NOT NULL)
+    FROM (SELECT *, CASE WHEN n_hi > n_lo THEN list_filter(ss, lambda x: x > q_lo AND x <= q_hi) END AS bs
+          FROM (SELECT u.gid, u.cov, u.st, u.ss, {mask_cols}{test_unit_cols},
+                       len(list_filter(u.ss, lambda x: x <= q.q_lo)) AS n_lo,
+                       len(list_filter(u.ss, lambda x: x <= q.q_hi)) AS n_hi, list_min(u.ss) AS mn, q.q_lo, q.q_hi
+                FROM units_m u
+                JOIN q_cols q USING (gid)
+                WHERE u.ss IS NOT NULL))
 ),
 -- The repeat-independent sums over a repeat's test units = the sums over all units minus those over
 -- its calibration units (mask bit set). Without an expression per repeat: the units are grouped by
@@ -164,11 +170,10 @@ test_bu AS (
 test_border AS (
     SELECT gid, cov, unnest(range({repeats})) AS rep, unnest({bd_list}) AS bd
     FROM (SELECT gid, cov, {border_aggs}
-          FROM (SELECT u.gid, u.cov, {mask_cols}, q.* EXCLUDE (gid),
-                       unnest(list_filter(u.ss, lambda x: x > q.q_lo AND x <= q.q_hi)) AS s
-                FROM units_m u
+          FROM (SELECT u.gid, u.cov, {mask_cols}, q.* EXCLUDE (gid), unnest(u.bs) AS s
+                FROM test_units u
                 JOIN q_cols q USING (gid)
-                WHERE u.ss IS NOT NULL AND q.q_lo < q.q_hi)
+                WHERE u.bs IS NOT NULL)
           GROUP BY gid, cov)
 ),
 -- per group, coverage_by value and repeat (a repeat without test units there has n = 0)
