@@ -635,6 +635,7 @@ def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict
         aggregates=aggregates,
         scales=", ".join(s for s, _ in means),
         unpivot_in=_unpivot_in(cols, ("n", "m")),
+        source_mode=_source_mode(con),
     )
 
 
