@@ -56,6 +56,7 @@ from equipoise.evaluators.store import (
     OptionScoreRow,
     PredictionRow,
     RunRow,
+    SelectInsert,
     _holds_runs,
     insert_batch,
     insert_selects,
@@ -594,16 +595,17 @@ def _fast_checked(
     run_col = "k.run_id" if varying else sql_literal(run_list[0])
     on_opts = f"LEFT JOIN ({opt_sql}) o ON o.pix = {pix_col} AND o.item_id = i.item_id"
     bits_of_lp = [bit_of[lab] for lab in labels]
+    # no (run, item, sample) repeats, counted on the parsed records; by run, not by run key: two
+    # keys can name one run (a template id the run id leaves out, temperature null or 0).
+    # Distinct 64-bit hashes of the keys, not the keys (about half the CPU): equal keys hash
+    # equal, so a repeat is never missed; two keys that collide (odds about n^2 / 2^65) only send
+    # the file to the checked path, which finds no repeat and imports it. One check for both
+    # write paths below
+    key = f"{rix_col}, i.item_id, i.sample_index"
+    if _one(con, f"SELECT count(*) - count(DISTINCT hash({key})) FROM _imp i {run_join}"):
+        return None
     fused = not _holds_runs(con, "predictions", run_list)
     if fused:
-        # no (run, item, sample) repeats, counted on the parsed records; by run, not by run key:
-        # two keys can name one run (a template id the run id leaves out, temperature null or 0).
-        # Distinct 64-bit hashes of the keys, not the keys (about half the CPU): equal keys hash
-        # equal, so a repeat is never missed; two keys that collide (odds about n^2 / 2^65) only
-        # send the file to the checked path, which finds no repeat and imports it
-        key = f"{rix_col}, i.item_id, i.sample_index"
-        if _one(con, f"SELECT count(*) - count(DISTINCT hash({key})) FROM _imp i {run_join}"):
-            return None
         rows_src, score_src = f"_imp i {run_join} {on_opts}", f"_imp i {run_join}"
         has, abstain, pb = "o.has", "o.abstain", pbit
     else:
@@ -627,12 +629,7 @@ def _fast_checked(
                 FROM _imp i {run_join} {on_opts}"""
         )
         label_ok = _labels_ok("has", "pbit", lp, bits_of_lp)
-        bad, dups = con.execute(
-            f"""SELECT count(*) FILTER (WHERE NOT ({label_ok})),
-                       count(*) - count(DISTINCT (run_id, item_id, sample_index))
-                FROM _imp_rows"""
-        ).fetchall()[0]
-        if bad or dups:
+        if _one(con, f"SELECT count(*) FILTER (WHERE NOT ({label_ok})) FROM _imp_rows"):
             return None
         run_col = "i.run_id"
         rows_src = score_src = "_imp_rows i"
@@ -694,7 +691,9 @@ def _fast_checked(
                i.latency_ms, NULL::VARCHAR AS error
         FROM {rows_src}
         {parsed_join}"""
-    selects = [("predictions", list(PredictionRow.model_fields), pred_sql)]
+    # the store appends the predictions the way this query was built for (fused: a plain append,
+    # so the error() check above runs on every row), not on a second look at the table
+    selects = [SelectInsert("predictions", list(PredictionRow.model_fields), pred_sql, append_only=fused)]
     if labels:
         # one pass over the rows, each fanned out to its scored labels by UNNEST (a UNION ALL of
         # one scan per label read the rows once per label and wrote a sample's scores far apart);
@@ -708,11 +707,9 @@ def _fast_checked(
                        unnest([{", ".join(f"i.{c}" for c in lp)}]) AS logprob
                 FROM {score_src})
             WHERE logprob IS NOT NULL"""
-        selects.append(("option_scores", list(OptionScoreRow.model_fields), score_sql))
+        selects.append(SelectInsert("option_scores", list(OptionScoreRow.model_fields), score_sql))
     before = _one(con, "SELECT count(*) FROM predictions")
-    # the store appends the predictions the way this query was built for (fused: a plain append,
-    # so the error() check above runs on every row), not on a second look at the table
-    insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list, append_only=fused)
+    insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list)
     after = _one(con, "SELECT count(*) FROM predictions")
     return ImportSummary(rows=int(rows), added=int(after - before), runs=sorted(runs))
 
