@@ -434,7 +434,15 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
     con.register("_imp", table)  # read in place (Arrow scan), never copied into a DuckDB table
     try:
         # a file without token log-probabilities (tl all null) spares every row the list functions
-        return _fast_checked(con, labels, tokens=table["tl"].null_count < table.num_rows, rows=table.num_rows)
+        # and a file that gives every parsed_label (the column's null count, known without a scan)
+        # spares the query for records the parser must read
+        return _fast_checked(
+            con,
+            labels,
+            tokens=table["tl"].null_count < table.num_rows,
+            unparsed=table["parsed_label"].null_count > 0,
+            rows=table.num_rows,
+        )
     except duckdb.Error:
         return None  # anything DuckDB refuses is left to the checked path to name
     finally:
@@ -448,7 +456,7 @@ _PAIR_SCANS = 16  # above this many (dataset, config) pairs, one scan of options
 
 
 def _fast_checked(
-    con: duckdb.DuckDBPyConnection, labels: list[str], *, tokens: bool, rows: int
+    con: duckdb.DuckDBPyConnection, labels: list[str], *, tokens: bool, unparsed: bool, rows: int
 ) -> ImportSummary | None:
     """The set checks and the bulk write of :func:`_fast_import` (``_imp`` is the parsed file, of
     ``rows`` records: the caller's count of the table it registered, not counted again here).
@@ -456,7 +464,8 @@ def _fast_checked(
     Each check is the SQL twin of a rule of :class:`ImportedPrediction` or of the record-by-record
     loop; tests feed both paths the same crafted files. Checks that depend only on the run
     columns run once per distinct run key, not once per record. ``tokens``: whether any record
-    has token log-probabilities (when none has, the token columns are written as NULL directly)."""
+    has token log-probabilities (when none has, the token columns are written as NULL directly);
+    ``unparsed``: whether any record has no ``parsed_label`` (only those go through the parser)."""
     lp = [f"lp_{i}" for i in range(len(labels))]
     row_ok = " AND ".join(
         [
@@ -468,17 +477,18 @@ def _fast_checked(
             *(f"({c} IS NULL OR (isfinite({c}) AND {c} <= 1e-9))" for c in lp),
         ]
     )
-    if _one(con, f"SELECT count(*) FILTER (WHERE NOT ({row_ok})) FROM _imp"):
-        return None
     # run keys: one row per distinct key, first appearance first (the order the record-by-record
-    # path names runs in); the per-run field rules are checked on these few rows
+    # path names runs in); the per-run field rules are checked on these few rows. The per-record
+    # rules above are counted by the same scan (per key: one pass over the records, not two)
     cols = ", ".join(_RUN_KEY)
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE _imp_keys AS SELECT {cols}, min(rn) AS first FROM _imp GROUP BY ALL"
+        f"""CREATE OR REPLACE TEMP TABLE _imp_keys AS
+            SELECT {cols}, min(rn) AS first, count(*) FILTER (WHERE NOT ({row_ok})) AS bad_rows
+            FROM _imp GROUP BY ALL"""
     )
     if _one(
         con,
-        """SELECT count(*) FILTER (WHERE NOT (
+        """SELECT count(*) FILTER (WHERE bad_rows > 0 OR NOT (
                 model IS NOT NULL AND length(model) >= 1
             AND prompt_template_id IS NOT NULL AND length(prompt_template_id) >= 1
             AND backend IS NOT NULL AND prompt_style IS NOT NULL AND config IS NOT NULL
@@ -636,9 +646,12 @@ def _fast_checked(
         has, abstain, pb = "i.has", "i.abstain", "i.pbit"
     # records without a parsed_label: Equipoise's own parser, one by one (it is Python), given
     # the item's labels in stored order as the record-by-record path gives them
-    todo = con.execute(
-        "SELECT rn, raw_output, dataset_id, config, item_id FROM _imp WHERE parsed_label IS NULL ORDER BY rn"
-    ).fetchall()
+    todo = []
+    if unparsed:
+        todo = con.execute(
+            "SELECT rn, raw_output, dataset_id, config, item_id FROM _imp"
+            " WHERE parsed_label IS NULL ORDER BY rn"
+        ).fetchall()
     if todo:
         options: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
         out: dict[str, list] = {"rn": [], "label": [], "method": [], "outcome": []}
