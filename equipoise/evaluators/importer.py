@@ -56,6 +56,7 @@ from equipoise.evaluators.store import (
     OptionScoreRow,
     PredictionRow,
     RunRow,
+    SelectInsert,
     _holds_runs,
     insert_batch,
     insert_selects,
@@ -433,7 +434,15 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
     con.register("_imp", table)  # read in place (Arrow scan), never copied into a DuckDB table
     try:
         # a file without token log-probabilities (tl all null) spares every row the list functions
-        return _fast_checked(con, labels, tokens=table["tl"].null_count < table.num_rows, rows=table.num_rows)
+        # and a file that gives every parsed_label (the column's null count, known without a scan)
+        # spares the query for records the parser must read
+        return _fast_checked(
+            con,
+            labels,
+            tokens=table["tl"].null_count < table.num_rows,
+            unparsed=table["parsed_label"].null_count > 0,
+            rows=table.num_rows,
+        )
     except duckdb.Error:
         return None  # anything DuckDB refuses is left to the checked path to name
     finally:
@@ -447,7 +456,7 @@ _PAIR_SCANS = 16  # above this many (dataset, config) pairs, one scan of options
 
 
 def _fast_checked(
-    con: duckdb.DuckDBPyConnection, labels: list[str], *, tokens: bool, rows: int
+    con: duckdb.DuckDBPyConnection, labels: list[str], *, tokens: bool, unparsed: bool, rows: int
 ) -> ImportSummary | None:
     """The set checks and the bulk write of :func:`_fast_import` (``_imp`` is the parsed file, of
     ``rows`` records: the caller's count of the table it registered, not counted again here).
@@ -455,7 +464,8 @@ def _fast_checked(
     Each check is the SQL twin of a rule of :class:`ImportedPrediction` or of the record-by-record
     loop; tests feed both paths the same crafted files. Checks that depend only on the run
     columns run once per distinct run key, not once per record. ``tokens``: whether any record
-    has token log-probabilities (when none has, the token columns are written as NULL directly)."""
+    has token log-probabilities (when none has, the token columns are written as NULL directly);
+    ``unparsed``: whether any record has no ``parsed_label`` (only those go through the parser)."""
     lp = [f"lp_{i}" for i in range(len(labels))]
     row_ok = " AND ".join(
         [
@@ -467,17 +477,18 @@ def _fast_checked(
             *(f"({c} IS NULL OR (isfinite({c}) AND {c} <= 1e-9))" for c in lp),
         ]
     )
-    if _one(con, f"SELECT count(*) FILTER (WHERE NOT ({row_ok})) FROM _imp"):
-        return None
     # run keys: one row per distinct key, first appearance first (the order the record-by-record
-    # path names runs in); the per-run field rules are checked on these few rows
+    # path names runs in); the per-run field rules are checked on these few rows. The per-record
+    # rules above are counted by the same scan (per key: one pass over the records, not two)
     cols = ", ".join(_RUN_KEY)
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE _imp_keys AS SELECT {cols}, min(rn) AS first FROM _imp GROUP BY ALL"
+        f"""CREATE OR REPLACE TEMP TABLE _imp_keys AS
+            SELECT {cols}, min(rn) AS first, count(*) FILTER (WHERE NOT ({row_ok})) AS bad_rows
+            FROM _imp GROUP BY ALL"""
     )
     if _one(
         con,
-        """SELECT count(*) FILTER (WHERE NOT (
+        """SELECT count(*) FILTER (WHERE bad_rows > 0 OR NOT (
                 model IS NOT NULL AND length(model) >= 1
             AND prompt_template_id IS NOT NULL AND length(prompt_template_id) >= 1
             AND backend IS NOT NULL AND prompt_style IS NOT NULL AND config IS NOT NULL
@@ -594,16 +605,17 @@ def _fast_checked(
     run_col = "k.run_id" if varying else sql_literal(run_list[0])
     on_opts = f"LEFT JOIN ({opt_sql}) o ON o.pix = {pix_col} AND o.item_id = i.item_id"
     bits_of_lp = [bit_of[lab] for lab in labels]
+    # no (run, item, sample) repeats, counted on the parsed records; by run, not by run key: two
+    # keys can name one run (a template id the run id leaves out, temperature null or 0).
+    # Distinct 64-bit hashes of the keys, not the keys (about half the CPU): equal keys hash
+    # equal, so a repeat is never missed; two keys that collide (odds about n^2 / 2^65) only send
+    # the file to the checked path, which finds no repeat and imports it. One check for both
+    # write paths below
+    key = f"{rix_col}, i.item_id, i.sample_index"
+    if _one(con, f"SELECT count(*) - count(DISTINCT hash({key})) FROM _imp i {run_join}"):
+        return None
     fused = not _holds_runs(con, "predictions", run_list)
     if fused:
-        # no (run, item, sample) repeats, counted on the parsed records; by run, not by run key:
-        # two keys can name one run (a template id the run id leaves out, temperature null or 0).
-        # Distinct 64-bit hashes of the keys, not the keys (about half the CPU): equal keys hash
-        # equal, so a repeat is never missed; two keys that collide (odds about n^2 / 2^65) only
-        # send the file to the checked path, which finds no repeat and imports it
-        key = f"{rix_col}, i.item_id, i.sample_index"
-        if _one(con, f"SELECT count(*) - count(DISTINCT hash({key})) FROM _imp i {run_join}"):
-            return None
         rows_src, score_src = f"_imp i {run_join} {on_opts}", f"_imp i {run_join}"
         has, abstain, pb = "o.has", "o.abstain", pbit
     else:
@@ -627,21 +639,19 @@ def _fast_checked(
                 FROM _imp i {run_join} {on_opts}"""
         )
         label_ok = _labels_ok("has", "pbit", lp, bits_of_lp)
-        bad, dups = con.execute(
-            f"""SELECT count(*) FILTER (WHERE NOT ({label_ok})),
-                       count(*) - count(DISTINCT (run_id, item_id, sample_index))
-                FROM _imp_rows"""
-        ).fetchall()[0]
-        if bad or dups:
+        if _one(con, f"SELECT count(*) FILTER (WHERE NOT ({label_ok})) FROM _imp_rows"):
             return None
         run_col = "i.run_id"
         rows_src = score_src = "_imp_rows i"
         has, abstain, pb = "i.has", "i.abstain", "i.pbit"
     # records without a parsed_label: Equipoise's own parser, one by one (it is Python), given
     # the item's labels in stored order as the record-by-record path gives them
-    todo = con.execute(
-        "SELECT rn, raw_output, dataset_id, config, item_id FROM _imp WHERE parsed_label IS NULL ORDER BY rn"
-    ).fetchall()
+    todo = []
+    if unparsed:
+        todo = con.execute(
+            "SELECT rn, raw_output, dataset_id, config, item_id FROM _imp"
+            " WHERE parsed_label IS NULL ORDER BY rn"
+        ).fetchall()
     if todo:
         options: dict[tuple[str, str], dict[str, dict[str, str]]] = {}
         out: dict[str, list] = {"rn": [], "label": [], "method": [], "outcome": []}
@@ -694,7 +704,9 @@ def _fast_checked(
                i.latency_ms, NULL::VARCHAR AS error
         FROM {rows_src}
         {parsed_join}"""
-    selects = [("predictions", list(PredictionRow.model_fields), pred_sql)]
+    # the store appends the predictions the way this query was built for (fused: a plain append,
+    # so the error() check above runs on every row), not on a second look at the table
+    selects = [SelectInsert("predictions", list(PredictionRow.model_fields), pred_sql, append_only=fused)]
     if labels:
         # one pass over the rows, each fanned out to its scored labels by UNNEST (a UNION ALL of
         # one scan per label read the rows once per label and wrote a sample's scores far apart);
@@ -708,11 +720,9 @@ def _fast_checked(
                        unnest([{", ".join(f"i.{c}" for c in lp)}]) AS logprob
                 FROM {score_src})
             WHERE logprob IS NOT NULL"""
-        selects.append(("option_scores", list(OptionScoreRow.model_fields), score_sql))
+        selects.append(SelectInsert("option_scores", list(OptionScoreRow.model_fields), score_sql))
     before = _one(con, "SELECT count(*) FROM predictions")
-    # the store appends the predictions the way this query was built for (fused: a plain append,
-    # so the error() check above runs on every row), not on a second look at the table
-    insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list, append_only=fused)
+    insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list)
     after = _one(con, "SELECT count(*) FROM predictions")
     return ImportSummary(rows=int(rows), added=int(after - before), runs=sorted(runs))
 

@@ -37,7 +37,7 @@ import re
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import duckdb
 import pyarrow as pa
@@ -636,26 +636,37 @@ def insert(con: duckdb.DuckDBPyConnection, model: type[BaseModel], rows: Sequenc
     return insert_table(con, _TABLES[model], to_table(model, list(rows)))
 
 
+class SelectInsert(NamedTuple):
+    """Rows DuckDB computes itself, appended to hot table ``table`` by :func:`insert_selects`.
+
+    ``append_only`` is the caller's own answer to whether ``table`` holds no row of the batch's
+    run ids: True appends plainly, False compares against the stored keys (the anti-join), None
+    asks the table. It is carried by each select, not inferred from the table's name, because a
+    caller may have built its query on that answer: the importer's first-import query checks
+    every record inside the INSERT, which only a plain append runs on every row, so the choice
+    here must be the one the query was built for, not a second look that could differ."""
+
+    table: str
+    columns: Sequence[str]
+    query: str
+    append_only: bool | None = None
+
+
 def insert_batch(
     con: duckdb.DuckDBPyConnection,
     batches: list[tuple[type[BaseModel], Sequence[BaseModel]]],
     tables: list[tuple[str, pa.Table]] | None = None,
     unique: bool = False,
-    selects: Sequence[tuple[str, Sequence[str], str]] = (),
+    selects: Sequence[SelectInsert] = (),
     run_ids: Sequence[str] | None = None,
-    append_only: bool | None = None,
 ) -> None:
     """Insert several tables' rows in ONE transaction: a prediction and its option scores are
     committed together or not at all, so a kill between them can never leave half a sample.
     ``tables`` takes already-built Arrow tables (bulk paths that skip per-row objects).
     ``unique=True`` says the caller has already checked that no key repeats within ``tables``
     (the importer does), which spares the hot tables the in-batch de-duplication. ``selects``
-    (see :func:`insert_selects`) are queries whose rows are appended last, in the same transaction.
-    ``append_only`` is the caller's own answer, for the predictions select, to whether
-    ``predictions`` holds no row of ``run_ids`` (True: a plain append; False: the anti-join); None
-    asks the table. The importer passes the answer it built its query on: its first-import query
-    checks every record inside the INSERT, which only a plain append runs on every row, so the
-    choice here must be the one it decided on, not a second look that could differ."""
+    (see :func:`insert_selects`) are queries whose rows are appended last, in the same transaction,
+    each plainly or through the anti-join as its ``append_only`` says (None: as the table says)."""
     todo = [(_TABLES[m], to_table(m, list(rows))) for m, rows in batches if rows]
     n_models = len(todo)
     todo += [(name, t) for name, t in (tables or []) if t.num_rows]
@@ -666,8 +677,8 @@ def insert_batch(
             con.register(view, table)
             con.execute(_append_sql(name, table.column_names, view, unique=unique and i >= n_models))
             con.unregister(view)
-        for name, columns, query in selects:
-            if name == "predictions" and append_only is not None:
+        for name, columns, query, append_only in selects:
+            if append_only is not None:
                 plain = append_only
             else:
                 plain = bool(run_ids) and not _holds_runs(con, name, run_ids)
@@ -685,17 +696,16 @@ def insert_batch(
 def insert_selects(
     con: duckdb.DuckDBPyConnection,
     batches: list[tuple[type[BaseModel], Sequence[BaseModel]]],
-    selects: list[tuple[str, Sequence[str], str]],
+    selects: Sequence[SelectInsert],
     run_ids: Sequence[str],
-    append_only: bool | None = None,
 ) -> None:
-    """Like :func:`insert_batch`, for bulk rows that DuckDB computes itself: each ``(table,
-    columns, query)`` inserts the rows of ``query`` (SQL whose result has ``columns``) that are not
+    """Like :func:`insert_batch`, for bulk rows that DuckDB computes itself: each
+    :class:`SelectInsert` inserts the rows of ``query`` (SQL whose result has ``columns``) that are not
     stored yet, all in ONE transaction with ``batches``. The caller vouches that no key repeats
     within a query and that ``run_ids`` are all the runs the queries write (the importer checks
-    both), so the rows never leave DuckDB: no Arrow copy out and back in. ``append_only``: the
-    caller's known answer to whether ``predictions`` holds no row of ``run_ids`` (see
-    :func:`insert_batch`); None asks the table."""
-    if any(n not in HOT_KEYS for n, _, _ in selects):
+    both), so the rows never leave DuckDB: no Arrow copy out and back in. Each select's
+    ``append_only`` (see :class:`SelectInsert`) says whether its table is known to hold no row of
+    ``run_ids``; None asks the table."""
+    if any(sel.table not in HOT_KEYS for sel in selects):
         raise ValueError("insert_selects writes the hot tables only (predictions, option_scores)")
-    insert_batch(con, batches, selects=selects, run_ids=run_ids, append_only=append_only)
+    insert_batch(con, batches, selects=selects, run_ids=run_ids)
