@@ -741,7 +741,7 @@ def _fit_combiners(
     grouping on the strata strings. ``slim`` rows carry no run_id / item_id (see
     ``_features_with_gid``)."""
     from sklearn.linear_model import LogisticRegression, Ridge
-    from threadpoolctl import threadpool_limits  # a dependency of scikit-learn
+    from threadpoolctl import threadpool_limits
 
     feats = _columns(params, "features", FEATURE_COLUMNS)
     xcols = [f"{f}_scaled" for f in feats]
