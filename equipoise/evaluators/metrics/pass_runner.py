@@ -47,9 +47,14 @@ import duckdb
 
 from equipoise.evaluators.metrics import registry
 from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, uses_facts
-from equipoise.evaluators.store import MEMORY_LIMIT_VAR
 
-DEFAULT_JOBS = 2  # the lanes of `equipoise metrics --out` (its --jobs)
+# the lanes of `equipoise metrics --out` (its --jobs) and of metrics_bench.py: one, the sequential
+# pass, until lanes are measured faster under the pass's memory cap. On the 2-core development box
+# (shared, load 4-7) a 1M pass in 2 lanes took 12.3-26.0 s against 12.0-22.6 s sequential, back to
+# back, with 0.3-0.6 CPU s more (the lanes compete with each other and the machine's other work)
+# and a peak RSS 0-30 MiB higher (695-764 MiB, store 779 MiB). Without the cap (4 GB) 2 lanes
+# took 7.6 s against 12.1 s, at a peak RSS over the store's size.
+DEFAULT_JOBS = 1
 
 # groups that run in lane 0 only, one at a time (see the module docstring)
 HEAVY_GROUPS: tuple[str, ...] = ("conformal", "uncertainty")
@@ -178,10 +183,9 @@ def run_pass(
         for _ in range(jobs - 1):
             cur = con.cursor()
             lanes.append(cur)
-            # the pass's memory_limit is the database's, already set by con's prepare (or chosen by
-            # the caller): this lane must not cap it again from its own view of the process's RSS
-            cur.execute(f"SET VARIABLE {MEMORY_LIMIT_VAR} = true")
-            registry.prepare(cur, materialize=True)
+            # the facts con's prepare found current (the same database, so the same snapshot), and
+            # not its memory cap: the pass's memory_limit is the database's, set once by that prepare
+            registry.read_facts(cur)
         if jobs == 1:
             work(0, con)
         else:
