@@ -17,7 +17,7 @@ What stays as in a sequential pass:
 - the memory bound. DuckDB's ``memory_limit`` belongs to the database instance, which the lanes
   share: the cap that ``registry.prepare`` sets for the pass (``cap_pass_memory``) bounds all
   lanes together, and the lanes do not set it again. What a second lane adds outside that limit
-  (one more result being written) was measured at about 25 MiB at 1M predictions. Should a metric
+  (one more result being written) was measured at 0-30 MiB at 1M predictions. Should a metric
   still run out of memory beside another, it is run again alone after the lanes finish.
 - the caches. TEMP tables are per connection, so metrics that share one run in the same lane, one
   after the other: the metrics of one module (e.g. the conformal ones share the calibration mask,
@@ -26,7 +26,8 @@ What stays as in a sequential pass:
 Memory decides the schedule. The groups whose working set is most of the pass's cap (the
 conformal and uncertainty metrics, ``HEAVY_GROUPS``) never run beside each other: two of them evict
 each other's store blocks and spill, and a 2-lane pass that ran them at once was measured slower
-than the sequential pass (at 1M predictions, under the cap; faster without it). So lane 0 runs the
+than the sequential pass (at 1M predictions, under the cap, 18.5 s against 11.2 s on a loaded box;
+7.6 s against 12.1 s without the cap, at a peak RSS over the store's size). So lane 0 runs the
 heavy groups one after another while the other lanes take the light groups (calibration,
 robustness, CLEAR, ...) from a shared queue, heaviest first (``GROUP_WEIGHTS``), and lane 0 helps
 with what is left. The order only decides speed. ``jobs=1`` is the sequential pass, and so is every
@@ -48,16 +49,19 @@ import duckdb
 from equipoise.evaluators.metrics import registry
 from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, uses_facts
 
-# the lanes of `equipoise metrics --out` (its --jobs) and of metrics_bench.py: one, the sequential
-# pass, until lanes are measured faster under the pass's memory cap. On the 2-core development box
-# (shared, load 4-7) a 1M pass in 2 lanes took 12.3-26.0 s against 12.0-22.6 s sequential, back to
-# back, with 0.3-0.6 CPU s more (the lanes compete with each other and the machine's other work)
-# and a peak RSS 0-30 MiB higher (695-764 MiB, store 779 MiB). Without the cap (4 GB) 2 lanes
-# took 7.6 s against 12.1 s, at a peak RSS over the store's size.
-DEFAULT_JOBS = 1
+# the lanes of `equipoise metrics --out` (its --jobs) and of metrics_bench.py. Measured at 1M
+# predictions (779 MiB store, memory cap 382 MiB) on a 2-core box, back to back: quiet (load 2-3),
+# 2 lanes 6.2-6.3 s against 6.8-7.0 s for one lane and for main's code, the same CPU (10.5-10.7 s),
+# peak RSS 713-737 MiB against 711-725 MiB; under other work (load 4-7) no measurable difference
+# (12.3-26.0 s against 12.0-22.6 s). Not measured at 10M (cap 3.4 GiB, 70% of the store there, so
+# relatively less pressure than at 1M's 50%). One lane (--jobs 1) is the sequential pass.
+DEFAULT_JOBS = 2
 
-# groups that run in lane 0 only, one at a time (see the module docstring)
-HEAVY_GROUPS: tuple[str, ...] = ("conformal", "uncertainty")
+# groups that run in lane 0 only, one at a time, in this order (see the module docstring). The
+# uncertainty metrics first: the light lanes' work (about 1.8 s at 1M) then runs beside them and
+# slows them by its share of the CPU (1.1 s), where beside conformal_aps, whose calibration mask
+# needs most of the cap, it slowed that metric from 1.4 s to 3.8 s.
+HEAVY_GROUPS: tuple[str, ...] = ("uncertainty", "conformal")
 
 # scheduling weight of each light group (metric module): its metrics' share of a sequential pass,
 # in seconds at 1M predictions (benchmarks/metrics_bench.py, rounded). Only the order lanes take
