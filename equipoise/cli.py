@@ -1058,6 +1058,17 @@ def metrics(
             help="Compute every metric even when <store>.cache/ holds it for this exact store content.",
         ),
     ] = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            min=1,
+            help="With --out: metrics computed at once, each on its own DuckDB connection, all under "
+            "the one memory limit (metrics/pass_runner.py). 1 computes one metric at a time; more "
+            "needs the store's current write-time facts (else 1 is used). Default: "
+            "pass_runner.DEFAULT_JOBS.",
+        ),
+    ] = None,
 ) -> None:
     """Compute registered metrics in SQL over a store, grouped by any strata (model, suite, variant,
     k, framing, condition, specialty, question_type, imaging_modality, ...). Results are cached in
@@ -1088,7 +1099,7 @@ def metrics(
     import pyarrow.parquet as pq
 
     from equipoise.evaluators.metrics import cache
-    from equipoise.evaluators.metrics.registry import prepare, write_result
+    from equipoise.evaluators.metrics.registry import prepare
 
     con = _connect(store, read_only=True, memory_limit=memory_limit)
     out: dict[str, Any] = {}
@@ -1101,6 +1112,7 @@ def metrics(
     try:
         version = None if no_cache else cache.content_version(con, store)
         prepared = False
+        misses: dict[str, tuple[Path, dict[str, object], str | None]] = {}  # --out: to compute
         for name in names:
             mine = {k: v for k, v in given.items() if k in REGISTRY[name].params}
             k = None if version is None else cache.key(version, name, by, mine)
@@ -1111,14 +1123,9 @@ def metrics(
                     if hit is not None and hit.exists():
                         shutil.copyfile(hit, target)
                         rows = pq.ParquetFile(target).metadata.num_rows
-                    else:
-                        if not prepared:  # the base joins once for all metrics, not once per metric
-                            prepare(con, materialize=True)
-                            prepared = True
-                        rows = write_result(con, name, target, by=by, params=mine)
-                        if k is not None:
-                            cache.put_file(store, k, target)
-                    console.print(f"{name}: {rows:,} rows -> {target}", highlight=False)
+                        console.print(f"{name}: {rows:,} rows -> {target}", highlight=False)
+                    else:  # computed below, all in one pass (pass_runner: lanes, the base joins once)
+                        misses[name] = (target, mine, k)
                     continue
                 df = None if k is None else cache.get(store, k)
                 if df is None:
@@ -1135,6 +1142,33 @@ def metrics(
             except duckdb.Error as exc:
                 _fail(f"{name}: {str(exc).splitlines()[0]}")
             out[name] = df
+        if misses:
+            from equipoise.evaluators.metrics.pass_runner import DEFAULT_JOBS, MetricDone, PassError, run_pass
+
+            def written(done: MetricDone) -> None:
+                k = misses[done.name][2]
+                if k is not None:
+                    cache.put_file(store, k, done.path)
+                console.print(f"{done.name}: {done.rows:,} rows -> {done.path}", highlight=False)
+
+            try:
+                run_pass(
+                    con,
+                    {n: t for n, (t, _, _) in misses.items()},
+                    by=by,
+                    params={n: p for n, (_, p, _) in misses.items()},
+                    jobs=DEFAULT_JOBS if jobs is None else jobs,
+                    on_done=written,
+                )
+            except PassError as exc:
+                name, error = exc.name, exc.error
+                if isinstance(error, KeyError):
+                    _fail(str(error.args[0]))
+                if isinstance(error, ValueError | TypeError):
+                    _fail(f"{name}: {error}")
+                if isinstance(error, duckdb.Error):
+                    _fail(f"{name}: {str(error).splitlines()[0]}")
+                raise
     finally:
         con.close()
     if out_dir is not None:

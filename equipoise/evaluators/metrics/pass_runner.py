@@ -1,0 +1,215 @@
+"""A metrics pass in lanes: many metrics written to their files over one store, ``jobs`` at a time.
+
+Why: a pass over a store's fact tables (``equipoise metrics --out DIR``) leaves cores idle. DuckDB
+runs each query on every core, but a metric also has single-threaded phases (a final sort or
+window, a Parquet write, pandas and scipy work on a small result), so one metric after another
+keeps two cores busy about 1.5 of the time (at 1M predictions: 10.4 CPU s in 6.8 s). Two metrics at
+once, each on its own DuckDB connection to the same database (a ``cursor``; DuckDB releases the
+GIL while it works), fill those gaps.
+
+What stays as in a sequential pass:
+
+- the results. A metric reads only the store's fact tables (read-only, one snapshot) and caches
+  named for everything their rows depend on (``registry.cached_table``), so what it writes does not
+  depend on which lane runs it or what ran before; the resampling metrics draw from their own
+  seeded generators, never a global one. ``tests/test_pass_runner.py`` checks the files are the
+  same bytes as a sequential pass's.
+- the memory bound. DuckDB's ``memory_limit`` belongs to the database instance, which the lanes
+  share: the cap that ``registry.prepare`` sets for the pass (``cap_pass_memory``) bounds all
+  lanes together, and the lanes do not set it again. What a second lane adds outside that limit
+  (one more result being written) was measured at 0-30 MiB at 1M predictions. Should a metric
+  still run out of memory beside another, it is run again alone after the lanes finish.
+- the caches. TEMP tables are per connection, so metrics that share one run in the same lane, one
+  after the other: the metrics of one module (e.g. the conformal ones share the calibration mask,
+  aurc / prr their selective rows) form a group, and a lane takes whole groups.
+
+Memory decides the schedule. The groups whose working set is most of the pass's cap (the
+conformal and uncertainty metrics, ``HEAVY_GROUPS``) never run beside each other: two of them evict
+each other's store blocks and spill, and a 2-lane pass that ran them at once was measured slower
+than the sequential pass (at 1M predictions, under the cap, 18.5 s against 11.2 s on a loaded box;
+7.6 s against 12.1 s without the cap, at a peak RSS over the store's size). So lane 0 runs the
+heavy groups one after another while the other lanes take the light groups (calibration,
+robustness, CLEAR, ...) from a shared queue, heaviest first (``GROUP_WEIGHTS``), and lane 0 helps
+with what is left. The order only decides speed. ``jobs=1`` is the sequential pass, and so is every
+pass whose base relations are not the store's fact tables: a lane would compute its own TEMP
+copies of them, the store's size again per lane.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from equipoise.evaluators.metrics import registry
+from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, uses_facts
+
+# the lanes of `equipoise metrics --out` (its --jobs) and of metrics_bench.py. Measured at 1M
+# predictions (779 MiB store, memory cap 382 MiB) on a 2-core box, back to back: quiet (load 2-3),
+# 2 lanes 6.2-6.3 s against 6.8-7.0 s for one lane and for main's code, the same CPU (10.5-10.7 s),
+# peak RSS 713-737 MiB against 711-725 MiB; under other work (load 4-7) no measurable difference
+# (12.3-26.0 s against 12.0-22.6 s). Not measured at 10M (cap 3.4 GiB, 70% of the store there, so
+# relatively less pressure than at 1M's 50%). One lane (--jobs 1) is the sequential pass.
+DEFAULT_JOBS = 2
+
+# groups that run in lane 0 only, one at a time, in this order (see the module docstring). The
+# uncertainty metrics first: the light lanes' work (about 1.8 s at 1M) then runs beside them and
+# slows them by its share of the CPU (1.1 s), where beside conformal_aps, whose calibration mask
+# needs most of the cap, it slowed that metric from 1.4 s to 3.8 s.
+HEAVY_GROUPS: tuple[str, ...] = ("uncertainty", "conformal")
+
+# scheduling weight of each light group (metric module): its metrics' share of a sequential pass,
+# in seconds at 1M predictions (benchmarks/metrics_bench.py, rounded). Only the order lanes take
+# groups in follows from it; a group not listed weighs 0 and is taken last.
+GROUP_WEIGHTS: dict[str, float] = {
+    "calibration": 0.95,
+    "robustness": 0.55,
+    "clear_metrics": 0.13,
+    "determinability": 0.12,
+}
+
+
+@dataclass(frozen=True)
+class MetricDone:
+    """One metric written: its file, row count, its own wall time in its lane, and the lane."""
+
+    name: str
+    path: Path
+    rows: int
+    seconds: float
+    lane: int
+
+
+class PassError(RuntimeError):
+    """A metric of the pass failed: ``name`` says which, ``error`` (also the cause) is what it raised."""
+
+    def __init__(self, name: str, error: BaseException) -> None:
+        super().__init__(f"{name}: {error}")
+        self.name, self.error = name, error
+
+
+def cache_group(name: str) -> str:
+    """The group of metric ``name``: the module of its Python code (metrics of one module share
+    TEMP caches), or its own name for a metric that is plain SQL (it caches nothing)."""
+    metric = REGISTRY[name]
+    fn = metric.sql_fn or metric.compute_fn or metric.post
+    module = getattr(fn, "__module__", None)
+    return module.rsplit(".", 1)[-1] if module else name
+
+
+def schedule(names: Sequence[str]) -> tuple[list[list[str]], list[list[str]]]:
+    """``names`` as groups (``cache_group``): the heavy ones (``HEAVY_GROUPS``, in that order) and
+    the light ones, heaviest first (``GROUP_WEIGHTS``, then by name); within a group the metrics
+    keep their order in ``names``."""
+    _load_all()
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(cache_group(name), []).append(name)
+    heavy = [groups[g] for g in HEAVY_GROUPS if g in groups]
+    light = sorted(
+        (g for g in groups if g not in HEAVY_GROUPS), key=lambda g: (-GROUP_WEIGHTS.get(g, 0.0), g)
+    )
+    return heavy, [groups[g] for g in light]
+
+
+def run_pass(
+    con: duckdb.DuckDBPyConnection,
+    targets: Mapping[str, Path],
+    *,
+    by: Sequence[str] | None = None,
+    params: Mapping[str, dict] | None = None,
+    jobs: int = DEFAULT_JOBS,
+    on_done: Callable[[MetricDone], None] | None = None,
+) -> list[MetricDone]:
+    """Write every metric of ``targets`` (name -> file, ``registry.write_result``) over the store of
+    ``con``, in up to ``jobs`` lanes (see the module docstring), grouped by ``by`` (default: each
+    metric's own) with ``params[name]``. Prepares ``con`` for a pass (``prepare(materialize=True)``)
+    and a cursor per further lane, closed at the end. ``on_done`` is called after each metric, one
+    call at a time (progress, caching the file). A failure stops the lanes from taking further
+    metrics and raises ``PassError`` for the first failed metric in ``targets`` order; a metric out of
+    memory beside others is run again alone at the end. Returns the metrics in the order done."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, not {jobs}")
+    registry.prepare(con, materialize=True)
+    heavy, light = schedule(list(targets))
+    if not uses_facts(con):
+        jobs = 1
+    jobs = max(1, min(jobs, len(light) + min(1, len(heavy))))
+    if jobs == 1:  # the sequential pass: the metrics in the caller's order
+        heavy, light = [list(targets)], []
+    lanes = [con]
+    done: list[MetricDone] = []
+    failed: dict[str, BaseException] = {}
+    retry: list[str] = []
+    lock = threading.Lock()
+    todo: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
+    for group in light:
+        todo.put(group)
+
+    def run_one(lane: int, c: duckdb.DuckDBPyConnection, name: str) -> None:
+        t0 = time.perf_counter()
+        rows = registry.write_result(c, name, targets[name], by=by, params=(params or {}).get(name))
+        record = MetricDone(name, Path(targets[name]), rows, time.perf_counter() - t0, lane)
+        with lock:
+            done.append(record)
+            if on_done is not None:
+                on_done(record)
+
+    def run_group(lane: int, c: duckdb.DuckDBPyConnection, group: list[str]) -> None:
+        for name in group:
+            if failed:
+                return
+            try:
+                run_one(lane, c, name)
+            except Exception as exc:  # stops every lane; raised below for the caller
+                with lock:
+                    if jobs > 1 and isinstance(exc, duckdb.OutOfMemoryException):
+                        retry.append(name)  # beside other lanes: run again alone at the end
+                    else:
+                        failed[name] = exc
+
+    def work(lane: int, c: duckdb.DuckDBPyConnection) -> None:
+        for group in heavy if lane == 0 else []:
+            run_group(lane, c, group)
+        while not failed:
+            try:
+                group = todo.get_nowait()
+            except queue.Empty:
+                return
+            run_group(lane, c, group)
+
+    try:
+        for _ in range(jobs - 1):
+            cur = con.cursor()
+            lanes.append(cur)
+            # the facts con's prepare found current (the same database, so the same snapshot), and
+            # not its memory cap: the pass's memory_limit is the database's, set once by that prepare
+            registry.read_facts(cur)
+        if jobs == 1:
+            work(0, con)
+        else:
+            threads = [
+                threading.Thread(target=work, args=(i, c), name=f"metrics-lane-{i}")
+                for i, c in enumerate(lanes)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        if failed:
+            name = next(n for n in targets if n in failed)
+            raise PassError(name, failed[name]) from failed[name]
+        for name in sorted(retry, key=list(targets).index):
+            try:
+                run_one(0, con, name)
+            except Exception as exc:
+                raise PassError(name, exc) from exc
+    finally:
+        for cur in lanes[1:]:
+            cur.close()
+    return done

@@ -1,0 +1,175 @@
+"""A metrics pass in lanes (pass_runner.run_pass, `equipoise metrics --out --jobs`) writes the same
+files as one metric at a time, keeps the pass's memory cap, and reports a failing metric by name."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from equipoise.cli import app
+from equipoise.evaluators.metrics import facts, pass_runner, registry
+from equipoise.evaluators.metrics.pass_runner import PassError, cache_group, run_pass, schedule
+from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, prepare, write_result
+from equipoise.evaluators.store import connect, memory_bytes
+from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store with current facts (lanes need them) and robustness / abstain rows beside the MCQ ones."""
+    path = tmp_path_factory.mktemp("lanes") / "s.duckdb"
+    make_store(path, SyntheticSpec(n_items=60, models=("m1", "m2"), samples=3, unparsed_rate=0.1, seed=11))
+    con = connect(path)
+    facts.refresh(con)
+    con.close()
+    return path
+
+
+def _names() -> list[str]:
+    _load_all()
+    return sorted(REGISTRY)
+
+
+def _sequential(store: Path, out: Path) -> None:
+    """The pass as it was before lanes: one connection, every metric in name order."""
+    out.mkdir()
+    con = connect(store, read_only=True)
+    try:
+        prepare(con, materialize=True)
+        for name in _names():
+            write_result(con, name, out / f"{name}.parquet")
+    finally:
+        con.close()
+
+
+def _lanes(store: Path, out: Path, jobs: int) -> list[pass_runner.MetricDone]:
+    out.mkdir()
+    con = connect(store, read_only=True)
+    try:
+        return run_pass(con, {n: out / f"{n}.parquet" for n in _names()}, jobs=jobs)
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_a_pass_in_lanes_writes_the_same_bytes_as_one_metric_at_a_time(
+    store: Path, tmp_path: Path, jobs: int
+) -> None:
+    _sequential(store, tmp_path / "seq")
+    done = _lanes(store, tmp_path / "lanes", jobs)
+    assert sorted(d.name for d in done) == _names()  # each metric once
+    lanes_used = {d.lane for d in done}
+    assert lanes_used <= set(range(jobs)) and 0 in lanes_used and (jobs == 1 or len(lanes_used) > 1)
+    seq, lanes = tmp_path / "seq", tmp_path / "lanes"
+    differ = [
+        n for n in _names() if (seq / f"{n}.parquet").read_bytes() != (lanes / f"{n}.parquet").read_bytes()
+    ]
+    assert differ == []
+    assert all(d.rows >= 0 and d.seconds > 0 for d in done)
+
+
+def test_metrics_that_share_caches_run_in_one_lane_and_the_heavy_groups_in_lane_0(store: Path) -> None:
+    heavy, light = schedule(_names())
+    groups = heavy + light
+    assert sorted(itertools.chain.from_iterable(groups)) == _names()
+    for group in groups:
+        assert len({cache_group(n) for n in group}) == 1
+    # the TEMP caches the brief names: the conformal mask, aurc / prr, ece / reliability
+    for together in (
+        ("conformal_aps", "conformal_lac", "conformal_coverage_by", "conformal_sampling"),
+        ("aurc", "prr"),
+        ("ece", "reliability"),
+        ("unc_summary", "unc_normalization_bounds"),
+    ):
+        assert any(set(together) <= set(g) for g in groups), together
+    assert [cache_group(g[0]) for g in heavy] == list(pass_runner.HEAVY_GROUPS)
+    done = _lanes(store, Path(str(store) + ".out"), 2)
+    assert {d.lane for d in done if cache_group(d.name) in pass_runner.HEAVY_GROUPS} == {0}
+
+
+def test_lanes_keep_the_pass_memory_cap_of_the_first_connection(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit is the database's: a lane must not cap it again (here a later look at the process's
+    memory would find more and lower it)."""
+    monkeypatch.setattr(registry, "PASS_MEMORY_FLOOR", 2**20)
+    monkeypatch.setattr(registry, "PASS_BASELINE_MIN", 0)
+    monkeypatch.setattr(registry, "PASS_PEAK_SHARE", 20)  # room for every metric of this small store
+    size = store.stat().st_size
+    seen = itertools.count()
+    monkeypatch.setattr(registry, "own_memory", lambda con: size // 10 * (1 + next(seen)))
+    con = connect(store, read_only=True)
+    try:
+        prepare(con, materialize=True)
+        q = "SELECT current_setting('memory_limit')"
+        capped = con.execute(q).fetchall()[0][0]
+        assert memory_bytes(capped) == pytest.approx((20 * size - size // 10) / 1.15, rel=0.05)
+        (tmp_path / "o").mkdir()
+        done = run_pass(con, {n: tmp_path / "o" / f"{n}.parquet" for n in _names()}, jobs=3)
+        assert len({d.lane for d in done}) > 1  # lanes ran
+        assert con.execute(q).fetchall()[0][0] == capped
+    finally:
+        con.close()
+
+
+def test_without_current_facts_the_pass_is_sequential(tmp_path: Path) -> None:
+    path = tmp_path / "s.duckdb"
+    make_store(path, SyntheticSpec(n_items=20, models=("m1",), samples=2, seed=3))
+    done = _lanes(path, tmp_path / "o", 2)
+    assert {d.lane for d in done} == {0}
+    assert [d.name for d in done] == _names()  # and in the caller's order
+
+
+def test_a_failing_metric_is_named_and_stops_the_pass(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = registry.write_result
+
+    def failing(con: duckdb.DuckDBPyConnection, name: str, path: Path, **kw: object) -> int:
+        if name == "brier":
+            raise ValueError("no such thing")
+        return real(con, name, path, **kw)
+
+    monkeypatch.setattr(registry, "write_result", failing)
+    with pytest.raises(PassError) as info:
+        _lanes(store, tmp_path / "o", 2)
+    assert info.value.name == "brier" and isinstance(info.value.error, ValueError)
+
+
+def test_a_metric_out_of_memory_beside_others_runs_again_alone(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = registry.write_result
+    tries: list[str] = []
+
+    def oom_once(con: duckdb.DuckDBPyConnection, name: str, path: Path, **kw: object) -> int:
+        if name == "aurc" and not tries:
+            tries.append(name)
+            raise duckdb.OutOfMemoryException("could not allocate")
+        return real(con, name, path, **kw)
+
+    monkeypatch.setattr(registry, "write_result", oom_once)
+    done = _lanes(store, tmp_path / "o", 2)
+    assert tries == ["aurc"]
+    assert done[-1].name == "aurc" and done[-1].lane == 0  # run again after the lanes, alone
+    assert sorted(d.name for d in done) == _names()
+
+
+def test_cli_metrics_out_with_jobs_writes_the_same_files_and_caches_them(store: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    outs = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"j{jobs}"
+        r = runner.invoke(
+            app, ["metrics", "--store", str(store), "--out", str(out), "--no-cache", "--jobs", str(jobs)]
+        )
+        assert r.exit_code == 0, r.output
+        outs[jobs] = {p.name: p.read_bytes() for p in sorted(out.glob("*.parquet"))}
+        assert sorted(line.split(":")[0] for line in r.output.splitlines() if "rows ->" in line) == _names()
+    assert len(outs[1]) == len(_names()) and outs[1] == outs[2]
+    r = runner.invoke(app, ["metrics", "--store", str(store), "--out", str(tmp_path / "c"), "--jobs", "0"])
+    assert r.exit_code != 0  # at least one lane
