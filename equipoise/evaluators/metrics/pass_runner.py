@@ -16,18 +16,22 @@ What stays as in a sequential pass:
   same bytes as a sequential pass's.
 - the memory bound. DuckDB's ``memory_limit`` belongs to the database instance, which the lanes
   share: the cap that ``registry.prepare`` sets for the pass (``cap_pass_memory``) bounds all
-  lanes together, and the lanes do not set it again. What a second lane adds outside that limit
-  (one more result being written) was measured at 0-30 MiB at 1M predictions. Should a metric
-  still run out of memory beside another, it is run again alone after the lanes finish.
+  lanes together, and the lanes do not set it again; what a second lane adds outside that limit
+  is one more result being written. Should a metric still run out of memory beside another, it is
+  run again alone after the lanes finish, on its own lane's connection (its group's caches).
+- the BLAS threads. The pass runs with one BLAS thread, whatever its lanes (threadpoolctl's limit
+  is process-wide and meant to be set from the main thread, so it is set here, around the lanes):
+  a lane's numpy / scikit-learn work never sees another lane's setting, and the few metrics that
+  use BLAS (unc_combiners' fits) get the same bits in one lane or two.
 - the caches. TEMP tables are per connection, so metrics that share one run in the same lane, one
   after the other: the metrics of one module (e.g. the conformal ones share the calibration mask,
   aurc / prr their selective rows) form a group, and a lane takes whole groups.
 
 Memory decides the schedule. The groups whose working set is most of the pass's cap (the
 conformal and uncertainty metrics, ``HEAVY_GROUPS``) never run beside each other: two of them evict
-each other's store blocks and spill, and a 2-lane pass that ran them at once was measured slower
-than the sequential pass (at 1M predictions, under the cap, 18.5 s against 11.2 s on a loaded box;
-7.6 s against 12.1 s without the cap, at a peak RSS over the store's size). So lane 0 runs the
+each other's store blocks and spill: a 2-lane pass that ran them at once was slower than the
+sequential pass at 1M predictions under the cap (a helper's measurement on a loaded box; without
+the cap it was faster, but its peak RSS passed the store's size). So lane 0 runs the
 heavy groups one after another while the other lanes take the light groups (calibration,
 robustness, CLEAR, ...) from a shared queue, heaviest first (``GROUP_WEIGHTS``), and lane 0 helps
 with what is left. The order only decides speed. ``jobs=1`` is the sequential pass, and so is every
@@ -45,27 +49,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+from threadpoolctl import threadpool_limits
 
 from equipoise.evaluators.metrics import registry
 from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, uses_facts
 
-# the lanes of `equipoise metrics --out` (its --jobs) and of metrics_bench.py. Measured at 1M
-# predictions (779 MiB store, memory cap 382 MiB) on a 2-core box, back to back: quiet (load 2-3),
-# 2 lanes 6.2-6.3 s against 6.8-7.0 s for one lane and for main's code, the same CPU (10.5-10.7 s),
-# peak RSS 713-737 MiB against 711-725 MiB; under other work (load 4-7) no measurable difference
-# (12.3-26.0 s against 12.0-22.6 s). Not measured at 10M (cap 3.4 GiB, 70% of the store there, so
-# relatively less pressure than at 1M's 50%). One lane (--jobs 1) is the sequential pass.
+# the lanes of `equipoise metrics --out` (its --jobs) and of metrics_bench.py. Measured on 2 cores
+# (benchmarks/RESULTS.md, issue 13 stop 22): at 1M predictions 5.97-6.20 s in 2 lanes against
+# 6.54-6.81 s in one, the same CPU and peak RSS (704-708 MiB, store 779 MiB); at 10M 49.2 s against
+# 50.6 s, within the noise between runs. One lane (--jobs 1) is the sequential pass.
 DEFAULT_JOBS = 2
 
 # groups that run in lane 0 only, one at a time, in this order (see the module docstring). The
-# uncertainty metrics first: the light lanes' work (about 1.8 s at 1M) then runs beside them and
-# slows them by its share of the CPU (1.1 s), where beside conformal_aps, whose calibration mask
-# needs most of the cap, it slowed that metric from 1.4 s to 3.8 s.
+# uncertainty metrics first: the light lanes' work then runs beside them and slows them by its
+# share of the CPU, where beside conformal_aps, whose calibration mask needs most of the cap, it
+# slowed that metric about 2.5-fold at 1M (a helper's measurement).
 HEAVY_GROUPS: tuple[str, ...] = ("uncertainty", "conformal")
 
 # scheduling weight of each light group (metric module): its metrics' share of a sequential pass,
 # in seconds at 1M predictions (benchmarks/metrics_bench.py, rounded). Only the order lanes take
-# groups in follows from it; a group not listed weighs 0 and is taken last.
+# groups in follows from it; a group not listed weighs 0 and is taken last. With 2 lanes the light
+# lane finishes every light group before lane 0 is through the heavy ones, so the order matters
+# from 3 lanes on.
 GROUP_WEIGHTS: dict[str, float] = {
     "calibration": 0.95,
     "robustness": 0.55,
@@ -145,7 +150,8 @@ def run_pass(
     lanes = [con]
     done: list[MetricDone] = []
     failed: dict[str, BaseException] = {}
-    retry: list[str] = []
+    retry: list[tuple[str, int]] = []  # (metric, its lane): run again alone, on that lane's connection
+    stop = threading.Event()  # set when the caller is interrupted: lanes take no further metric
     lock = threading.Lock()
     todo: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
     for group in light:
@@ -162,27 +168,30 @@ def run_pass(
 
     def run_group(lane: int, c: duckdb.DuckDBPyConnection, group: list[str]) -> None:
         for name in group:
-            if failed:
+            if failed or stop.is_set():
                 return
             try:
                 run_one(lane, c, name)
             except Exception as exc:  # stops every lane; raised below for the caller
                 with lock:
                     if jobs > 1 and isinstance(exc, duckdb.OutOfMemoryException):
-                        retry.append(name)  # beside other lanes: run again alone at the end
+                        retry.append((name, lane))  # beside other lanes: run again alone at the end
                     else:
                         failed[name] = exc
 
     def work(lane: int, c: duckdb.DuckDBPyConnection) -> None:
         for group in heavy if lane == 0 else []:
             run_group(lane, c, group)
-        while not failed:
+        while not failed and not stop.is_set():
             try:
                 group = todo.get_nowait()
             except queue.Empty:
                 return
             run_group(lane, c, group)
 
+    threads: list[threading.Thread] = []
+    # one BLAS thread for the whole pass, set here in the caller's thread (see the module docstring)
+    blas = threadpool_limits(limits=1, user_api="blas")
     try:
         for _ in range(jobs - 1):
             cur = con.cursor()
@@ -204,12 +213,20 @@ def run_pass(
         if failed:
             name = next(n for n in targets if n in failed)
             raise PassError(name, failed[name]) from failed[name]
-        for name in sorted(retry, key=list(targets).index):
+        order = list(targets)
+        for name, lane in sorted(retry, key=lambda r: order.index(r[0])):
             try:
-                run_one(0, con, name)
+                run_one(lane, lanes[lane], name)
             except Exception as exc:
                 raise PassError(name, exc) from exc
     finally:
+        if any(t.is_alive() for t in threads):  # the caller was interrupted (e.g. Ctrl-C) mid-pass
+            stop.set()
+            for c in lanes:
+                c.interrupt()  # the running queries end with an error; the lanes then stop
+            for t in threads:
+                t.join()
         for cur in lanes[1:]:
             cur.close()
+        blas.restore_original_limits()
     return done

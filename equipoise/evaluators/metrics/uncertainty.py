@@ -57,7 +57,9 @@ EigenEmbed and RDS need an external sentence encoder: :func:`embedding_scores` c
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import threading
 from collections.abc import Callable, Sequence
 
 import duckdb
@@ -777,7 +779,10 @@ def _fit_combiners(
     # predictions (three groups of about 160k rows): this metric's CPU 0.60 s -> 0.36 s, and a
     # synthetic group of 1.6M rows x 3 features fitted in less wall time with about 40% less CPU.
     # The fits are the same up to the last bits of BLAS sums (the order of a threaded reduction).
-    with threadpool_limits(limits=1, user_api="blas"):
+    # The limit is process-wide and meant for the main thread: a metrics pass in lanes sets it
+    # around all its lanes (pass_runner.run_pass), so a lane's thread leaves it alone.
+    in_main = threading.current_thread() is threading.main_thread()
+    with threadpool_limits(limits=1, user_api="blas") if in_main else contextlib.nullcontext():
         for k in range(n_groups):
             sl = slice(bounds[k], bounds[k + 1])
             xg, yg, tr = x[sl], y[sl], train[sl]
