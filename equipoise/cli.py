@@ -1021,6 +1021,23 @@ MemoryLimit = Annotated[
 ]
 
 
+def _metric_failed(name: str, exc: BaseException) -> None:
+    """Exit with one line for what a metric raised on bad input (unknown grouping or column, a bad
+    parameter, a query DuckDB refused); anything else returns, for the caller to re-raise."""
+    import duckdb
+
+    if isinstance(exc, KeyError):
+        _fail(str(exc.args[0]))
+    if isinstance(exc, ValueError | TypeError):
+        _fail(f"{name}: {exc}")
+    if isinstance(exc, duckdb.Error):
+        _fail(f"{name}: {str(exc).splitlines()[0]}")
+
+
+def _metric_written(name: str, rows: int, path: Path) -> None:
+    console.print(f"{name}: {rows:,} rows -> {path}", highlight=False)
+
+
 @app.command()
 def metrics(
     store: Annotated[
@@ -1063,10 +1080,10 @@ def metrics(
         typer.Option(
             "--jobs",
             min=1,
-            help="With --out: metrics computed at once, each on its own DuckDB connection, all under "
-            "the one memory limit (metrics/pass_runner.py). 1 computes one metric at a time; more "
-            "needs the store's current write-time facts (else 1 is used). Default: "
-            "pass_runner.DEFAULT_JOBS.",
+            help="With --out: compute the metrics in N lanes, each lane a DuckDB connection taking "
+            "whole metric modules, all under the one memory limit (metrics/pass_runner.py); files "
+            "are listed as they are written. 1 computes one metric at a time; more needs the "
+            "store's current write-time facts (else 1 is used). Default: 2.",
         ),
     ] = None,
 ) -> None:
@@ -1094,6 +1111,8 @@ def metrics(
     unused = [k for k in given if not any(k in REGISTRY[n].params for n in names)]
     if unused:
         _fail(f"no selected metric takes parameter(s) {unused}; see equipoise metrics --list")
+    if jobs is not None and out_dir is None:
+        _fail("--jobs applies to --out (metrics written to files); without --out it has no effect")
     import shutil
 
     import pyarrow.parquet as pq
@@ -1122,8 +1141,7 @@ def metrics(
                     hit = None if k is None else cache.path_for(store, k)
                     if hit is not None and hit.exists():
                         shutil.copyfile(hit, target)
-                        rows = pq.ParquetFile(target).metadata.num_rows
-                        console.print(f"{name}: {rows:,} rows -> {target}", highlight=False)
+                        _metric_written(name, pq.ParquetFile(target).metadata.num_rows, target)
                     else:  # computed below, all in one pass (pass_runner: lanes, the base joins once)
                         misses[name] = (target, mine, k)
                     continue
@@ -1135,12 +1153,9 @@ def metrics(
                     df = compute(con, name, by=by, params=mine)
                     if k is not None:
                         cache.put_frame(store, k, df)
-            except KeyError as exc:
-                _fail(str(exc.args[0]))
-            except (ValueError, TypeError) as exc:
-                _fail(f"{name}: {exc}")
-            except duckdb.Error as exc:
-                _fail(f"{name}: {str(exc).splitlines()[0]}")
+            except (KeyError, ValueError, TypeError, duckdb.Error) as exc:
+                _metric_failed(name, exc)
+                raise
             out[name] = df
         if misses:
             from equipoise.evaluators.metrics.pass_runner import DEFAULT_JOBS, MetricDone, PassError, run_pass
@@ -1149,7 +1164,7 @@ def metrics(
                 k = misses[done.name][2]
                 if k is not None:
                     cache.put_file(store, k, done.path)
-                console.print(f"{done.name}: {done.rows:,} rows -> {done.path}", highlight=False)
+                _metric_written(done.name, done.rows, done.path)
 
             try:
                 run_pass(
@@ -1161,13 +1176,7 @@ def metrics(
                     on_done=written,
                 )
             except PassError as exc:
-                name, error = exc.name, exc.error
-                if isinstance(error, KeyError):
-                    _fail(str(error.args[0]))
-                if isinstance(error, ValueError | TypeError):
-                    _fail(f"{name}: {error}")
-                if isinstance(error, duckdb.Error):
-                    _fail(f"{name}: {str(error).splitlines()[0]}")
+                _metric_failed(exc.name, exc.error)
                 raise
     finally:
         con.close()
