@@ -316,8 +316,7 @@ def child_duckdb(
     left = {name: outdir / f"{name}.parquet" for name in _selected(sorted(REGISTRY), only)}
     while left:  # a failing metric is reported, not fatal to the benchmark: the rest run on
         try:
-            for done in run_pass(con, left, jobs=jobs, on_done=lambda d: res.step(d.name, d.seconds)):
-                left.pop(done.name)
+            run_pass(con, left, jobs=jobs, on_done=lambda d: res.step(d.name, d.seconds))
             break
         except PassError as exc:
             res.errors[exc.name] = "".join(traceback.format_exception(exc.error, limit=3))
@@ -384,7 +383,7 @@ def run_child(
         str(outdir),
         *(["--memory-limit", memory_limit] if memory_limit else []),
         *(["--metrics", only] if only else []),
-        *(["--jobs", str(jobs)] if jobs else []),
+        *(["--jobs", str(jobs)] if jobs is not None else []),
     ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -493,6 +492,17 @@ def _rows_of(duck_dir: Path, name: str) -> tuple[int | None, bool]:
     return len(df), bool(len(df) and num.notna().to_numpy().any() and (num.fillna(0).to_numpy() != 0).any())
 
 
+def _at_least_one(text: str) -> int:
+    """argparse type of --jobs: a whole number of lanes, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1 lane, not {value}")
+    return value
+
+
 def main() -> int:
     from equipoise.evaluators.metrics.pass_runner import DEFAULT_JOBS
 
@@ -516,7 +526,7 @@ def main() -> int:
     )
     ap.add_argument(
         "--jobs",
-        type=int,
+        type=_at_least_one,
         default=DEFAULT_JOBS,
         help="lanes of the DuckDB path, as `equipoise metrics --jobs` (1: one metric at a time; "
         "default %(default)s); per-metric times are then each metric's own wall time in its lane",
