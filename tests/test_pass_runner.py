@@ -69,7 +69,7 @@ def test_a_pass_in_lanes_writes_the_same_bytes_as_one_metric_at_a_time(
         n for n in _names() if (seq / f"{n}.parquet").read_bytes() != (lanes / f"{n}.parquet").read_bytes()
     ]
     assert differ == []
-    assert all(d.rows >= 0 and d.seconds > 0 for d in done)
+    assert all(d.seconds > 0 for d in done)
 
 
 def test_metrics_that_share_caches_run_in_one_lane_and_the_heavy_groups_in_lane_0(store: Path) -> None:
@@ -78,7 +78,7 @@ def test_metrics_that_share_caches_run_in_one_lane_and_the_heavy_groups_in_lane_
     assert sorted(itertools.chain.from_iterable(groups)) == _names()
     for group in groups:
         assert len({cache_group(n) for n in group}) == 1
-    # the TEMP caches the brief names: the conformal mask, aurc / prr, ece / reliability
+    # metrics sharing TEMP caches: the conformal mask, aurc / prr, ece / reliability, the unc scores
     for together in (
         ("conformal_aps", "conformal_lac", "conformal_coverage_by", "conformal_sampling"),
         ("aurc", "prr"),
@@ -89,6 +89,9 @@ def test_metrics_that_share_caches_run_in_one_lane_and_the_heavy_groups_in_lane_
     assert [cache_group(g[0]) for g in heavy] == list(pass_runner.HEAVY_GROUPS)
     done = _lanes(store, Path(str(store) + ".out"), 2)
     assert {d.lane for d in done if cache_group(d.name) in pass_runner.HEAVY_GROUPS} == {0}
+    lane = {d.name: d.lane for d in done}
+    for together in (("aurc", "prr"), ("ece", "reliability")):
+        assert len({lane[n] for n in together}) == 1, together
 
 
 def test_lanes_keep_the_pass_memory_cap_of_the_first_connection(
@@ -135,9 +138,13 @@ def test_a_failing_metric_is_named_and_stops_the_pass(
         return real(con, name, path, **kw)
 
     monkeypatch.setattr(registry, "write_result", failing)
+    monkeypatch.setattr(pass_runner, "GROUP_WEIGHTS", {"calibration": 9.0})  # brier's group first
     with pytest.raises(PassError) as info:
         _lanes(store, tmp_path / "o", 2)
     assert info.value.name == "brier" and isinstance(info.value.error, ValueError)
+    # the lanes stopped taking metrics: the light lane's other groups were never written
+    written = {p.stem for p in (tmp_path / "o").glob("*.parquet")}
+    assert "brier" not in written and len(written) < len(_names()) - 1
 
 
 def test_a_metric_out_of_memory_beside_others_runs_again_alone(
@@ -155,21 +162,43 @@ def test_a_metric_out_of_memory_beside_others_runs_again_alone(
     monkeypatch.setattr(registry, "write_result", oom_once)
     done = _lanes(store, tmp_path / "o", 2)
     assert tries == ["aurc"]
-    assert done[-1].name == "aurc" and done[-1].lane == 0  # run again after the lanes, alone
+    # run again after the lanes, alone, on its own lane's connection (where prr, its group, ran)
+    assert done[-1].name == "aurc" and done[-1].lane == next(d.lane for d in done if d.name == "prr")
     assert sorted(d.name for d in done) == _names()
 
 
-def test_cli_metrics_out_with_jobs_writes_the_same_files_and_caches_them(store: Path, tmp_path: Path) -> None:
+def test_cli_metrics_out_with_jobs_writes_the_same_files_and_caches_them(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--jobs 1 and --jobs 2 write the same files; the lanes' results are cached (each as its lane
+    writes it), so a second call copies them without computing anything."""
+    copy = tmp_path / "s.duckdb"  # its own store: the cache folder sits beside the store file
+    copy.write_bytes(store.read_bytes())
     runner = CliRunner()
     outs = {}
     for jobs in (1, 2):
         out = tmp_path / f"j{jobs}"
-        r = runner.invoke(
-            app, ["metrics", "--store", str(store), "--out", str(out), "--no-cache", "--jobs", str(jobs)]
-        )
+        args = ["metrics", "--store", str(copy), "--out", str(out), "--jobs", str(jobs)]
+        r = runner.invoke(app, [*args, *(["--no-cache"] if jobs == 1 else [])])
         assert r.exit_code == 0, r.output
         outs[jobs] = {p.name: p.read_bytes() for p in sorted(out.glob("*.parquet"))}
         assert sorted(line.split(":")[0] for line in r.output.splitlines() if "rows ->" in line) == _names()
     assert len(outs[1]) == len(_names()) and outs[1] == outs[2]
+
+    def refused(*a: object, **k: object) -> None:
+        raise AssertionError("computed although every result is cached")
+
+    monkeypatch.setattr(pass_runner, "run_pass", refused)
+    r = runner.invoke(app, ["metrics", "--store", str(copy), "--out", str(tmp_path / "again"), "--jobs", "2"])
+    assert r.exit_code == 0, r.output
+    assert {p.name: p.read_bytes() for p in sorted((tmp_path / "again").glob("*.parquet"))} == outs[2]
+
+
+def test_cli_jobs_is_refused_below_one_lane_and_without_out(store: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
     r = runner.invoke(app, ["metrics", "--store", str(store), "--out", str(tmp_path / "c"), "--jobs", "0"])
-    assert r.exit_code != 0  # at least one lane
+    assert r.exit_code == 2 and "--jobs" in r.output
+    r = runner.invoke(app, ["metrics", "--store", str(store), "--metric", "brier", "--jobs", "2"])
+    assert r.exit_code == 2 and "--jobs applies to --out" in r.output
+    help_text = runner.invoke(app, ["metrics", "--help"]).output
+    assert f"Default: {pass_runner.DEFAULT_JOBS}." in " ".join(help_text.split()).replace("│", "")

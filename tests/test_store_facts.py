@@ -485,6 +485,7 @@ def test_metrics_over_facts_are_bit_identical_whatever_the_threads(store: Path, 
     one, used_one = _metrics(path, None, threads=1)
     four, used_four = _metrics(path, None, threads=4, force_parallel=True)
     assert used_one and used_four
+    assert not [n for n, df in one.items() if "refused" in df.columns]  # every metric computed
     assert sum(len(df) for df in one.values()) > 100
     differ = []
     for name in one:
