@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import math
 from collections import Counter, defaultdict
 from fractions import Fraction
@@ -785,3 +786,35 @@ def test_more_than_64_repeats_use_several_mask_words(store, sample_store):
             )
     finally:
         con.close()
+
+
+def test_mask_table_name_changes_exactly_when_its_query_does(big_store):
+    """The shared mask table is named by its parameters, not by a hash of its query (so a lookup
+    does not render it): two parameter sets get one name exactly when they render the same query.
+    alpha changes the thresholds but not the split, so it must share the mask."""
+    from equipoise.evaluators.metrics.registry import REGISTRY
+
+    base = dict(REGISTRY["conformal_lac"].params)
+    variants = [
+        ({}, ("model", "config")),
+        ({"alpha": 0.2}, ("model", "config")),
+        ({"seed": 1}, ("model", "config")),
+        ({"repeats": 7}, ("model", "config")),
+        ({"cal_fraction": 0.5}, ("model", "config")),
+        ({"stratify": ["has_gold"]}, ("model", "config")),
+        ({"sample_index": 1}, ("model", "config")),
+        ({}, ("model",)),
+    ]
+    con = duckdb.connect(str(big_store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        seen = []
+        for change, by in variants:
+            values = conformal._common(list(by), {**base, **change})
+            seen.append((conformal._mask_table_name(con, values), conformal._option_mask_query(con, values)))
+    finally:
+        con.close()
+    for (name_a, query_a), (name_b, query_b) in itertools.combinations(seen, 2):
+        assert (name_a == name_b) == (query_a == query_b)
+    assert seen[0][0] == seen[1][0]  # alpha: the same mask
+    assert len({name for name, _ in seen}) == len(variants) - 1

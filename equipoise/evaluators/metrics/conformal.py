@@ -280,15 +280,10 @@ def _below(p: str) -> str:
     return f"coalesce(list_sum(list_filter(ps, lambda y: y < {p})), 0.0)"
 
 
-# the query's own units (plain views, randomised APS) compute the scores from option rows: the
-# item's option count, for the unscored options' 1.0 scores
-_N_OPTIONS_CTE = """n_options AS (
-    SELECT dataset_id, config, item_id, count(*) AS n_opt FROM options GROUP BY dataset_id, config, item_id
-),"""
-_N_OPTIONS_JOIN = (
-    "\n    LEFT JOIN n_options no ON no.dataset_id = sc.dataset_id AND no.config = sc.config "
-    "AND no.item_id = sc.item_id"
-)
+def _aps_randomized(score: str, params: dict) -> bool:
+    """Whether the scores are randomised APS (U depends on the seed and the option's identity, so
+    they are computed from option rows, never read from the per-sample facts)."""
+    return score == "aps" and bool(params.get("aps_randomized"))
 
 
 def _option_score_sql(score: str, params: dict) -> dict[str, str]:
@@ -303,7 +298,7 @@ def _option_score_sql(score: str, params: dict) -> dict[str, str]:
     sample = _int(params, "sample_index", 0)
     if score not in ("lac", "aps"):
         raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-    randomized = score == "aps" and bool(params.get("aps_randomized"))
+    randomized = _aps_randomized(score, params)
     pu_agg, pu_cols = "", ""
     if score == "lac":  # 1 - p of each option
         opt_list, opt_score, target_score = "ps", "1.0 - o", "1.0 - p_target"
@@ -331,8 +326,6 @@ def _option_score_sql(score: str, params: dict) -> dict[str, str]:
             "bool_or(is_target) AS has_target, max(prob) FILTER (WHERE is_target) AS p_target"
             f"{pu_agg} FROM option_probs WHERE sample_index = {sample} GROUP BY run_id, item_id"
         ),
-        "n_options_cte": _N_OPTIONS_CTE,
-        "n_options_join": _N_OPTIONS_JOIN,
         "base_cols": (
             ", coalesce(no.n_opt, 0) - coalesce(pr.n_scored, 0) AS n_unscored_options, pr.ps, pr.p_target"
             + pu_cols
@@ -612,8 +605,9 @@ def _listed(template: str, repeats: int) -> str:
 
 
 def _split_extra(score: str, repeats: int) -> dict[str, str]:
-    """Template values of ``conf_split.sql``: the per-repeat aggregates over the unit rows (q_hat's scores and
-    counts of calibration, the test units whose outcome depends on the repeat), the slices of the
+    """Template values of ``conf_split.sql``: q_hat's calibration scores (one sorted band list per
+    group, filtered per repeat by its mask bit), the per-repeat aggregates over the unit rows
+    (counts of calibration, the test units whose outcome depends on the repeat), the slices of the
     mask words that give every repeat's test sums (``test_slices``), and the lists that turn them
     into one row per repeat; for sampling units also the majority-vote and hit sums."""
     counts = ["n", "lo", "cv", "em"]
@@ -670,7 +664,7 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
         "bu_em": _listed("bem_{r}", repeats),
         "border_aggs": _per_repeat("count_if({test} AND s <= {q}) AS bd_{r}", repeats),
         "bd_list": _listed("bd_{r}", repeats),
-        "mask_cols": ", ".join(f"u.m{w}" for w in range(_words(repeats))),
+        "mask_cols": ", ".join(f"u.m{w}" for w in range(words)),
         "test_rep_cols": rep_cols,
         "slice_bits": str(SLICE_BITS),
     }
@@ -786,7 +780,7 @@ base AS (
 units AS (SELECT gid, sid, run_id, ukey, sc_row, sp_row FROM base WHERE has_probs)"""
 
 
-def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
+def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     """The TEMP table of the option units' calibration mask (computed here if missing): one row per
     prediction of the sample (gid, sid, run_id, ukey = item_id, sc_row, sp_row (see
     ``_mask_identity_sql``), mask words m0, ...; NULL words: the item has no option scores, so it is
@@ -801,16 +795,16 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict, params: dic
     table = _mask_table_name(con, values)
     if table in temp_tables(con):
         return table
-    return cached_table(con, table, _option_mask_query(con, values, params))
+    return cached_table(con, table, _option_mask_query(con, values))
 
 
-def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict, params: dict) -> str:
+def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     """The query of the option units' mask table (``_option_mask_table``); it reads the shared split
     keys of item_id (``_split_keys_source``: computed there if this connection lacks them)."""
     identity = _mask_identity_sql(con, values)
     nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
     cols = "gid, sid, run_id, ukey, sc_row, sp_row"
-    mask = _inline_mask(con, "lac", values, params, cols, keep_identity=True)
+    mask = _inline_mask(con, "lac", values, {}, cols, keep_identity=True)  # units keyed by item_id
     return (
         f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
         f"UNION ALL SELECT {cols}, {nulls} FROM base WHERE NOT has_probs"
@@ -837,7 +831,7 @@ def _existing_option_mask(con: duckdb.DuckDBPyConnection, values: dict) -> str |
 
 
 def _cached_option_units(
-    con: duckdb.DuckDBPyConnection, table: str, score: str, values: dict, params: dict, cov: str | None
+    con: duckdb.DuckDBPyConnection, table: str, score: str, values: dict, cov: str | None
 ) -> str:
     """``base`` and ``units`` of LAC / plain APS read from the mask table and the per-sample facts:
     the mask table already holds every prediction's group, stratum and unit key, so only the scores
@@ -918,7 +912,7 @@ def _query(
     # LAC and plain APS on fixed base relations build their units on the shared mask table
     # (``_cached_option_units``, below); every other query renders its own units (which also
     # validates the score and the pool before their columns are used)
-    cached = _fixed(con) and score in ("lac", "aps") and not (score == "aps" and params.get("aps_randomized"))
+    cached = _fixed(con) and score in ("lac", "aps") and not _aps_randomized(score, params)
     units = "" if cached else _units_sql(score, values, params, cov, _fixed(con))
     words = "".join(f"mk.m{w}, " for w in range(_words(values["repeats"])))
     joined = (
@@ -942,11 +936,11 @@ def _query(
         units_m = "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)"
     else:
         assert con is not None
-        table = _option_mask_table(con, values, params)
+        table = _option_mask_table(con, values)
         if not cached:  # randomised APS: its own units, joined to the mask table
             units_m = joined.format(words=words, table=table)
         else:
-            units = _cached_option_units(con, table, score, values, params, cov)
+            units = _cached_option_units(con, table, score, values, cov)
             units_m = "SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)"
     split = _render("conf_split.sql", units_m_sql=units_m, **values, **_split_extra(score, values["repeats"]))
     check_col = ""

@@ -22,7 +22,9 @@
 probs AS (
     {probs_sql}
 ),
-{n_options_cte}
+n_options AS (  -- the item's option count, for the unscored options' 1.0 scores
+    SELECT dataset_id, config, item_id, count(*) AS n_opt FROM options GROUP BY dataset_id, config, item_id
+),
 -- {sc0_materialized}: with fixed base relations each consumer rescans `scored` for its own columns
 -- (cheap), instead of one materialized copy of the sample's rows; a view is computed once
 sc0 AS {sc0_materialized} (
@@ -35,7 +37,8 @@ base AS (
     FROM sc0 sc
     JOIN gkeys g ON {gid_on}
     JOIN skeys s ON {sid_on}
-    LEFT JOIN probs pr ON pr.run_id = sc.run_id AND pr.item_id = sc.item_id{n_options_join}
+    LEFT JOIN probs pr ON pr.run_id = sc.run_id AND pr.item_id = sc.item_id
+    LEFT JOIN n_options no ON no.dataset_id = sc.dataset_id AND no.config = sc.config AND no.item_id = sc.item_id
 ),
 -- the target is an option of the item (the `scored` view joins it): unscored, it scores 1.0 like
 -- every unscored option
