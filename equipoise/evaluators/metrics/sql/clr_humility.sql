@@ -55,6 +55,10 @@ pairs AS (
     LEFT JOIN gold g
            ON g.pair_class = a.pair_class AND g.base_id = a.base_id AND g.clr_k = a.clr_k
 )
+SELECT * EXCLUDE (incorrect_selection_rate, unparsed_rate_gold, unparsed_rate_abstain),
+       accuracy - abstention_rate                                         AS humility_deficit,
+       incorrect_selection_rate, unparsed_rate_gold, unparsed_rate_abstain
+FROM (
 SELECT {by}
        CAST(clr_k AS INTEGER)                                             AS k,
        upper(clr_task)                                                    AS framing,
@@ -63,9 +67,6 @@ SELECT {by}
        list_avg(list_sort(list(gold_p_target)))                           AS accuracy,
        list_avg(list_sort(list(p_target) FILTER (WHERE gold_p_target IS NOT NULL)))
                                                                           AS abstention_rate,
-       list_avg(list_sort(list(gold_p_target)))
-         - list_avg(list_sort(list(p_target) FILTER (WHERE gold_p_target IS NOT NULL)))
-                                                                          AS humility_deficit,
        list_avg(list_sort(list(p_distractor) FILTER (WHERE gold_p_target IS NOT NULL)))
                                                                           AS incorrect_selection_rate,
        list_avg(list_sort(list(gold_p_unparsed)))                         AS unparsed_rate_gold,
@@ -73,4 +74,5 @@ SELECT {by}
                                                                           AS unparsed_rate_abstain
 FROM pairs
 GROUP BY ALL
+)
 ORDER BY ALL

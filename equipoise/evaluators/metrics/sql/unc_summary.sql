@@ -5,7 +5,7 @@
 -- items first would aggregate (number of scores) times as many rows. HAVING drops the one empty
 -- row an ungrouped aggregate returns on an empty store. The means are fixed-point integer sums
 -- (scale: one power of two per score over all rows; see uncertainty._exact_mean), so
--- they are the same bits whatever DuckDB's threads. sc is {source_mode}: NOT MATERIALIZED when the
+-- they are the same bits whatever DuckDB's threads. sc ({{source_mode}}) is NOT MATERIALIZED when the
 -- scores are a table (the fact or the connection's cache), so that scale and g each scan the
 -- columns they read rather than a copy of every row being made first (about 12% of this metric's
 -- CPU at 1M predictions); otherwise DuckDB's choice, as sc is then the whole unc_scores query.
