@@ -19,10 +19,14 @@ What stays as in a sequential pass:
   lanes together, and the lanes do not set it again; what a second lane adds outside that limit
   is one more result being written. Should a metric still run out of memory beside another, it is
   run again alone after the lanes finish, on its own lane's connection (its group's caches).
-- the BLAS threads. The pass runs with one BLAS thread, whatever its lanes (threadpoolctl's limit
-  is process-wide and meant to be set from the main thread, so it is set here, around the lanes):
-  a lane's numpy / scikit-learn work never sees another lane's setting, and the few metrics that
-  use BLAS (unc_combiners' fits) get the same bits in one lane or two.
+- the BLAS threads, as far as a metric can tell. threadpoolctl's limit is process-wide and meant
+  to be set from the main thread, so a pass in lanes sets one BLAS thread around all its lanes
+  (the cores are busy with the other lane anyway), and unc_combiners, which limits its own fits
+  when it runs in the main thread, leaves it alone in a lane. A sequential pass keeps the default
+  BLAS threads for the other metrics: the robustness bootstraps' matrix-vector products were
+  0.1 s slower each at 1M with one (benchmarks/RESULTS.md, stop 22). Those products (``counts @
+  c``, 1,000-2,000 draws of up to 160k units) gave the same bits with one and two OpenBLAS
+  threads, in both memory layouts, when checked this stop: each output is one row's dot product.
 - the caches. TEMP tables are per connection, so metrics that share one run in the same lane, one
   after the other: the metrics of one module (e.g. the conformal ones share the calibration mask,
   aurc / prr their selective rows) form a group, and a lane takes whole groups.
@@ -190,8 +194,8 @@ def run_pass(
             run_group(lane, c, group)
 
     threads: list[threading.Thread] = []
-    # one BLAS thread for the whole pass, set here in the caller's thread (see the module docstring)
-    blas = threadpool_limits(limits=1, user_api="blas")
+    # lanes: one BLAS thread for all of them, set here in the caller's thread (module docstring)
+    blas = threadpool_limits(limits=1, user_api="blas") if jobs > 1 else None
     try:
         for _ in range(jobs - 1):
             cur = con.cursor()
@@ -228,5 +232,6 @@ def run_pass(
                 t.join()
         for cur in lanes[1:]:
             cur.close()
-        blas.restore_original_limits()
+        if blas is not None:
+            blas.restore_original_limits()
     return done
