@@ -985,3 +985,22 @@ def test_unc_summary_means_are_the_same_bits_in_any_row_order_and_thread_count()
     got = dict(_exact_means(con, "c"))
     assert got[0] == math.inf and math.isnan(got[1]) and math.isnan(got[2])
     assert got[3] is None and got[4] == 0.0
+
+
+@pytest.mark.parametrize("pool", ["item", "base"])
+def test_embedding_scores_do_not_depend_on_threads(store, pool):
+    """EigenEmbed and RDS are sums of doubles (centroids, squared and absolute deviations): with
+    one DuckDB thread and with four and parallelism forced onto this small store they are the
+    same bits, because every such sum adds a value-sorted list."""
+    got = {}
+    for threads, forced in ((1, False), (4, True)):
+        con = duckdb.connect(str(store), read_only=True)
+        try:
+            con.execute(f"SET threads = {threads}")
+            if forced:
+                con.execute("PRAGMA verify_parallelism")
+            got[threads] = embedding_scores(con, _fake_embed, by=["model"], pool=pool)
+        finally:
+            con.close()
+    assert got[1]["eigen_embed"].notna().sum() > 10
+    pd.testing.assert_frame_equal(got[4], got[1], check_exact=True)

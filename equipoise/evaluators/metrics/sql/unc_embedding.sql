@@ -3,6 +3,8 @@
 -- centroid; RDS = total L1 distance of the embeddings from their centroid. Embeddings come from a
 -- caller-supplied encoder and arrive long (text, d, v) as _unc_embeddings. Error samples (no
 -- text) are not embedded and are counted out through n_embedded versus n_samples.
+-- Every sum or mean of doubles adds a value-sorted list (list_sum / list_avg of list_sort), not a
+-- parallel sum() / avg(), whose order, so last bits, follows DuckDB's threads.
 WITH s AS (
     SELECT sc.*, {pool_key} AS pool_key FROM scored sc
 ),
@@ -15,16 +17,18 @@ e AS (
     WHERE s.outcome <> 'error'
 ),
 centroid AS (
-    SELECT run_id, pool_key, d, avg(v) AS mu FROM e GROUP BY run_id, pool_key, d
+    SELECT run_id, pool_key, d, list_avg(list_sort(list(v))) AS mu FROM e GROUP BY run_id, pool_key, d
 ),
 per_sample AS (
     SELECT e.run_id, e.pool_key, e.item_id, e.sample_index,
-           sum((e.v - c.mu) * (e.v - c.mu)) AS sq, sum(abs(e.v - c.mu)) AS l1
+           list_sum(list_sort(list((e.v - c.mu) * (e.v - c.mu)))) AS sq,
+           list_sum(list_sort(list(abs(e.v - c.mu)))) AS l1
     FROM e JOIN centroid c ON c.run_id = e.run_id AND c.pool_key = e.pool_key AND c.d = e.d
     GROUP BY e.run_id, e.pool_key, e.item_id, e.sample_index
 ),
 agg AS (
-    SELECT run_id, pool_key, count(*) AS n_embedded, avg(sq) AS eigen_embed, sum(l1) AS rds
+    SELECT run_id, pool_key, count(*) AS n_embedded, list_avg(list_sort(list(sq))) AS eigen_embed,
+           list_sum(list_sort(list(l1))) AS rds
     FROM per_sample GROUP BY run_id, pool_key
 )
 SELECT {strata} s.run_id, s.item_id, p.n_samples, coalesce(a.n_embedded, 0) AS n_embedded,
