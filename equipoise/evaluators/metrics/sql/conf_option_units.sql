@@ -25,8 +25,9 @@ probs AS (
 n_options AS (  -- the item's option count, for the unscored options' 1.0 scores
     SELECT dataset_id, config, item_id, count(*) AS n_opt FROM options GROUP BY dataset_id, config, item_id
 ),
--- {sc0_materialized}: with fixed base relations each consumer rescans `scored` for its own columns
--- (cheap), instead of one materialized copy of the sample's rows; a view is computed once
+-- sc0 ({{sc0_materialized}}) is NOT MATERIALIZED with fixed base relations: each consumer rescans
+-- `scored` for its own columns (cheap), instead of one materialized copy of the sample's rows; over
+-- a view it is computed once
 sc0 AS {sc0_materialized} (
     SELECT {unit_cols} FROM scored WHERE sample_index = {sample_index}
 ),
