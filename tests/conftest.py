@@ -34,6 +34,25 @@ def nota(tmp_path_factory) -> Path:
     return out
 
 
+def one_thread_and_forced_parallel(store: Path, fn):
+    """``fn(con)`` on a read-only connection to ``store`` twice: with one DuckDB thread, and with
+    four and ``PRAGMA verify_parallelism`` (every operator parallel even on a small store, so a sum
+    of doubles in thread order shows in the last bits). Returns the two results (one, forced)."""
+    import duckdb
+
+    got = []
+    for threads, forced in ((1, False), (4, True)):
+        con = duckdb.connect(str(store), read_only=True)
+        try:
+            con.execute(f"SET threads = {threads}")
+            if forced:
+                con.execute("PRAGMA verify_parallelism")
+            got.append(fn(con))
+        finally:
+            con.close()
+    return got[0], got[1]
+
+
 def random_value(inp, rng: random.Random):
     from tests.bruteforce import full_grid
 

@@ -26,6 +26,7 @@ from equipoise.evaluators.metrics import compute
 from equipoise.evaluators.metrics.registry import STRATA
 from equipoise.evaluators.store import connect, insert_table
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from tests.conftest import one_thread_and_forced_parallel
 
 NA_KEY = "<NA>"
 PAIR_KEY = ["dataset_id", "model", "backend", "prompt_style", "decoding_json", "base_id", "clr_k"]
@@ -421,15 +422,8 @@ def test_clear_metrics_do_not_depend_on_threads(store, name):
     """The same bits with one DuckDB thread and with four and parallelism forced onto this small
     store (``PRAGMA verify_parallelism``): the rates over pairs are means of per-item ratios such as
     1/3, which a parallel ``avg`` would add in thread order."""
-    got = {}
-    for threads, forced in ((1, False), (4, True)):
-        con = duckdb.connect(str(store), read_only=True)
-        try:
-            con.execute(f"SET threads = {threads}")
-            if forced:
-                con.execute("PRAGMA verify_parallelism")
-            got[threads] = compute(con, name, ["model", "prompt_style"])
-        finally:
-            con.close()
-    assert len(got[1]) > 0
-    pd.testing.assert_frame_equal(got[4], got[1], check_exact=True)
+    one, forced = one_thread_and_forced_parallel(
+        store, lambda con: compute(con, name, ["model", "prompt_style"])
+    )
+    assert len(one) > 0
+    pd.testing.assert_frame_equal(forced, one, check_exact=True)

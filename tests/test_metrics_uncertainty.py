@@ -37,6 +37,7 @@ from equipoise.evaluators.metrics.uncertainty import (
 )
 from equipoise.evaluators.store import connect, insert_table
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from tests.conftest import one_thread_and_forced_parallel
 
 TOL = 1e-9
 FRAGMENTS = [
@@ -992,15 +993,8 @@ def test_embedding_scores_do_not_depend_on_threads(store, pool):
     """EigenEmbed and RDS are sums of doubles (centroids, squared and absolute deviations): with
     one DuckDB thread and with four and parallelism forced onto this small store they are the
     same bits, because every such sum adds a value-sorted list."""
-    got = {}
-    for threads, forced in ((1, False), (4, True)):
-        con = duckdb.connect(str(store), read_only=True)
-        try:
-            con.execute(f"SET threads = {threads}")
-            if forced:
-                con.execute("PRAGMA verify_parallelism")
-            got[threads] = embedding_scores(con, _fake_embed, by=["model"], pool=pool)
-        finally:
-            con.close()
-    assert got[1]["eigen_embed"].notna().sum() > 10
-    pd.testing.assert_frame_equal(got[4], got[1], check_exact=True)
+    one, forced = one_thread_and_forced_parallel(
+        store, lambda con: embedding_scores(con, _fake_embed, by=["model"], pool=pool)
+    )
+    assert one["eigen_embed"].notna().sum() > 10
+    pd.testing.assert_frame_equal(forced, one, check_exact=True)
