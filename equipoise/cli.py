@@ -1090,8 +1090,6 @@ def metrics(
     """Compute registered metrics in SQL over a store, grouped by any strata (model, suite, variant,
     k, framing, condition, specialty, question_type, imaging_modality, ...). Results are cached in
     <store>.cache/ keyed by the store's content, so asking again for an unchanged store is instant."""
-    import duckdb
-
     from equipoise.evaluators.metrics.registry import REGISTRY, STRATA, _load_all, compute
 
     _load_all()
@@ -1131,7 +1129,10 @@ def metrics(
     try:
         version = None if no_cache else cache.content_version(con, store)
         prepared = False
-        misses: dict[str, tuple[Path, dict[str, object], str | None]] = {}  # --out: to compute
+        # --out: the metrics to compute, their files, parameters and cache keys
+        targets: dict[str, Path] = {}
+        missed_params: dict[str, dict[str, object]] = {}
+        keys: dict[str, str | None] = {}
         for name in names:
             mine = {k: v for k, v in given.items() if k in REGISTRY[name].params}
             k = None if version is None else cache.key(version, name, by, mine)
@@ -1143,7 +1144,7 @@ def metrics(
                         shutil.copyfile(hit, target)
                         _metric_written(name, pq.ParquetFile(target).metadata.num_rows, target)
                     else:  # computed below, all in one pass (pass_runner: lanes, the base joins once)
-                        misses[name] = (target, mine, k)
+                        targets[name], missed_params[name], keys[name] = target, mine, k
                     continue
                 df = None if k is None else cache.get(store, k)
                 if df is None:
@@ -1153,15 +1154,15 @@ def metrics(
                     df = compute(con, name, by=by, params=mine)
                     if k is not None:
                         cache.put_frame(store, k, df)
-            except (KeyError, ValueError, TypeError, duckdb.Error) as exc:
+            except Exception as exc:
                 _metric_failed(name, exc)
                 raise
             out[name] = df
-        if misses:
+        if targets:
             from equipoise.evaluators.metrics.pass_runner import DEFAULT_JOBS, MetricDone, PassError, run_pass
 
             def written(done: MetricDone) -> None:
-                k = misses[done.name][2]
+                k = keys[done.name]
                 if k is not None:
                     cache.put_file(store, k, done.path)
                 _metric_written(done.name, done.rows, done.path)
@@ -1169,9 +1170,9 @@ def metrics(
             try:
                 run_pass(
                     con,
-                    {n: t for n, (t, _, _) in misses.items()},
+                    targets,
                     by=by,
-                    params={n: p for n, (_, p, _) in misses.items()},
+                    params=missed_params,
                     jobs=DEFAULT_JOBS if jobs is None else jobs,
                     on_done=written,
                 )
