@@ -909,18 +909,19 @@ def _query(
     and the two counts are equal; the result then has the column ``_MASK_OK`` (see ``_run_query``,
     which computes the inline mask instead where it is false)."""
     values = _common(by, params)
+    fixed = _fixed(con)  # one look at the catalog: rendering below creates no base relation
     # LAC and plain APS on fixed base relations build their units on the shared mask table
     # (``_cached_option_units``, below); every other query renders its own units (which also
     # validates the score and the pool before their columns are used)
-    cached = _fixed(con) and score in ("lac", "aps") and not _aps_randomized(score, params)
-    units = "" if cached else _units_sql(score, values, params, cov, _fixed(con))
+    cached = fixed and score in ("lac", "aps") and not _aps_randomized(score, params)
+    units = "" if cached else _units_sql(score, values, params, cov, fixed)
     words = "".join(f"mk.m{w}, " for w in range(_words(values["repeats"])))
     joined = (
         "SELECT u.*, {words}g.m AS m_top FROM units u JOIN {table} mk USING (gid, sid, run_id, ukey) "
         "JOIN group_n g USING (gid)"
     )
     mask_ctes, check, shared = "", "", None
-    if share_mask and _fixed(con) and _pooled(score, params):
+    if share_mask and fixed and _pooled(score, params):
         assert con is not None
         shared = _existing_option_mask(con, values)
     if shared is not None:
@@ -931,7 +932,7 @@ def _query(
             "    SELECT (SELECT count(*) FROM units) = (SELECT count(*) FROM units_m)\n"
             f"       AND (SELECT count(*) FROM units) = (SELECT count(*) FROM {mask_units}) AS ok\n),\n"
         )
-    elif not _fixed(con) or score == "sampling":
+    elif not fixed or score == "sampling":
         mask_ctes = _inline_mask(con, score, values, params)
         units_m = "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)"
     else:

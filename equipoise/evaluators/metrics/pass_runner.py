@@ -53,7 +53,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
-from threadpoolctl import threadpool_limits
 
 from equipoise.evaluators.metrics import registry
 from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, uses_facts
@@ -195,7 +194,11 @@ def run_pass(
 
     threads: list[threading.Thread] = []
     # lanes: one BLAS thread for all of them, set here in the caller's thread (module docstring)
-    blas = threadpool_limits(limits=1, user_api="blas") if jobs > 1 else None
+    blas = None
+    if jobs > 1:
+        from threadpoolctl import threadpool_limits  # only lanes need it: not at import time
+
+        blas = threadpool_limits(limits=1, user_api="blas")
     try:
         for _ in range(jobs - 1):
             cur = con.cursor()

@@ -295,7 +295,7 @@ def _scores_source(
 def _fact_with_item_ord(con: duckdb.DuckDBPyConnection, params: dict) -> str | None:
     """The write-time fact ``_scores_source`` reads for ``params``' pool when it holds the integer
     ``ITEM_ORD_COLUMN``, else None (no facts, or a cache table that lacks it)."""
-    if not _materialized(con) or not uses_facts(con):
+    if not uses_facts(con):  # facts in use imply fixed base relations (registry._materialized)
         return None
     pool = str({**REGISTRY["unc_scores"].params, **(params or {})}["pool"])
     scores_sql([], {"pool": pool})  # validates the pool before its name is used
@@ -418,10 +418,11 @@ def _bounds_query(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dic
     has two consumers (the counts and the held-out aggregate); over a table each scans only what
     it reads (see ``_source_mode``)."""
     frag = _bound_fragments(params)
+    mode = _source_mode(con)
     return (
-        f"WITH sc AS {_source_mode(con)} (\n"
+        f"WITH sc AS {mode} (\n"
         f"{_scores_source(con, by, params, split_key=_split_key(params))}\n),\n"
-        f"wide AS {_source_mode(con)} (SELECT {_strata(by)} run_id, {frag['in_holdout']} AS in_holdout, "
+        f"wide AS {mode} (SELECT {_strata(by)} run_id, {frag['in_holdout']} AS in_holdout, "
         f"{frag['score_casts']} FROM sc)\n"
         f"{_bounds_select(by, params)}"
     )

@@ -180,7 +180,7 @@ test_border AS (
 test_rep AS (
     SELECT t.gid, t.cov, r.rep, {test_rep_cols}
     FROM test_tot t
-    CROSS JOIN (SELECT range AS rep FROM range({repeats})) r
+    CROSS JOIN rep_bits r  -- one row per repeat
     LEFT JOIN test_cal c ON c.gid = t.gid AND c.cov IS NOT DISTINCT FROM t.cov AND c.rep = r.rep
     LEFT JOIN test_bu bu ON bu.gid = t.gid AND bu.cov IS NOT DISTINCT FROM t.cov AND bu.rep = r.rep
     LEFT JOIN test_border bo ON bo.gid = t.gid AND bo.cov IS NOT DISTINCT FROM t.cov AND bo.rep = r.rep
