@@ -20,9 +20,10 @@ reference computing the same numbers, in one run, each path in its own process.
    and elicited confidence have something to parse. Layout ``plain`` is the unmodified
    ``make_store`` store (suite 'synthetic', MCQ only): most of the CLEAR, ClinDet and robustness
    metrics are then empty, and the table says so.
-2. DuckDB path, in a child process: exactly what ``equipoise metrics --out DIR`` does: open the
-   store read-only, ``registry.prepare(con, materialize=True)``, then ``write_result(con, name,
-   DIR/<name>.parquet)`` for every registered metric (default grouping and parameters).
+2. DuckDB path, in a child process: exactly what ``equipoise metrics --out DIR --jobs N`` does:
+   open the store read-only, ``registry.prepare(con, materialize=True)``, then
+   ``pass_runner.run_pass``, which writes ``DIR/<name>.parquet`` for every registered metric
+   (default grouping and parameters) in ``--jobs`` lanes (default 2; 1: one metric at a time).
 3. Reference path, in another child process: ``benchmarks/metrics_reference.py``: read the raw
    tables into pandas (timed), join and aggregate with pandas / numpy, scikit-learn, scipy and
    statsmodels (see its docstring for what it shares: nothing but the definitions and the
