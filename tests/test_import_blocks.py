@@ -12,17 +12,21 @@ imports idempotently.
 
 from __future__ import annotations
 
-import json
+import copy
 
 import pytest
 
 from equipoise.evaluators.importer import ImportError_, import_predictions
-from equipoise.evaluators.ingest import register
-from equipoise.evaluators.store import connect
-from tests.test_import import _imported_like_record_path, _records, _stored
+from tests.test_import import _imported_like_record_path, _records, _store, _stored, _write_jsonl
 
 _SAMPLES = 500  # per item, 10 items: about 2.6 MB of JSONL, i.e. the head plus two more blocks
 _BLOCK = 1 << 20  # Arrow's default JSON block size (the importer does not change it)
+
+
+@pytest.fixture(scope="module")
+def big(nota) -> list[dict]:
+    """``_big``'s records, built once for the module (tests that change them take a deep copy)."""
+    return _big(nota)
 
 
 def _big(folder) -> list[dict]:
@@ -47,13 +51,13 @@ def _big(folder) -> list[dict]:
 
 
 def _write(path, recs):
-    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    _write_jsonl(path, recs)
     assert path.stat().st_size > 2 * _BLOCK  # past the typed head and more than one block after it
     return path
 
 
-def test_a_multi_block_file_imports_columnar_like_the_record_path(nota, tmp_path, monkeypatch):
-    recs = _big(nota)
+def test_a_multi_block_file_imports_columnar_like_the_record_path(nota, big, tmp_path, monkeypatch):
+    recs = big
     f = _write(tmp_path / "big.jsonl", recs)
     _imported_like_record_path(nota, tmp_path, monkeypatch, f, len(recs)).close()
 
@@ -71,15 +75,15 @@ _FAULTS = [
 
 @pytest.mark.parametrize("where", ["middle_block", "last_record"])
 @pytest.mark.parametrize(("name", "mutate", "needle"), _FAULTS, ids=[f[0] for f in _FAULTS])
-def test_a_fault_past_the_head_names_its_line_and_stores_nothing(nota, tmp_path, name, mutate, needle, where):
+def test_a_fault_past_the_head_names_its_line_and_stores_nothing(
+    nota, big, tmp_path, name, mutate, needle, where
+):
     """One bad record among thousands, after the typed head (in a later parse block, or the very
     last line): the import is refused naming that line and field, and the rows an earlier import
     stored are exactly as they were (nothing added, nothing lost)."""
-    recs = _big(nota)
-    con = connect(tmp_path / "s.duckdb")
-    register(con, nota, "plus_nota")
-    earlier = tmp_path / "earlier.jsonl"
-    earlier.write_text("".join(json.dumps(dict(r, model="earlier-model")) + "\n" for r in recs[:25]))
+    recs = copy.deepcopy(big)  # mutated below
+    con = _store(tmp_path, nota)
+    earlier = _write_jsonl(tmp_path / "earlier.jsonl", [dict(r, model="earlier-model") for r in recs[:25]])
     assert import_predictions(con, earlier).added == 25
     before = _stored(con)
     line = len(recs) if where == "last_record" else 3 * len(recs) // 4

@@ -34,9 +34,10 @@ def _names() -> list[str]:
     return sorted(REGISTRY)
 
 
-def _sequential(store: Path, out: Path) -> None:
-    """The pass as it was before lanes: one connection, every metric in name order."""
-    out.mkdir()
+@pytest.fixture(scope="module")
+def sequential(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The files of the pass as it was before lanes: one connection, every metric in name order."""
+    out = tmp_path_factory.mktemp("sequential")
     con = connect(store, read_only=True)
     try:
         prepare(con, materialize=True)
@@ -44,6 +45,7 @@ def _sequential(store: Path, out: Path) -> None:
             write_result(con, name, out / f"{name}.parquet")
     finally:
         con.close()
+    return out
 
 
 def _lanes(store: Path, out: Path, jobs: int) -> list[pass_runner.MetricDone]:
@@ -57,14 +59,13 @@ def _lanes(store: Path, out: Path, jobs: int) -> list[pass_runner.MetricDone]:
 
 @pytest.mark.parametrize("jobs", [1, 2, 3])
 def test_a_pass_in_lanes_writes_the_same_bytes_as_one_metric_at_a_time(
-    store: Path, tmp_path: Path, jobs: int
+    store: Path, sequential: Path, tmp_path: Path, jobs: int
 ) -> None:
-    _sequential(store, tmp_path / "seq")
     done = _lanes(store, tmp_path / "lanes", jobs)
     assert sorted(d.name for d in done) == _names()  # each metric once
     lanes_used = {d.lane for d in done}
     assert lanes_used <= set(range(jobs)) and 0 in lanes_used and (jobs == 1 or len(lanes_used) > 1)
-    seq, lanes = tmp_path / "seq", tmp_path / "lanes"
+    seq, lanes = sequential, tmp_path / "lanes"
     differ = [
         n for n in _names() if (seq / f"{n}.parquet").read_bytes() != (lanes / f"{n}.parquet").read_bytes()
     ]

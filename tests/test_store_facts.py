@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,6 +14,7 @@ from equipoise.evaluators.metrics import facts
 from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare, uses_facts
 from equipoise.evaluators.store import connect
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from tests.conftest import one_thread_and_forced_parallel
 
 BYS: tuple[tuple[str, ...] | None, ...] = (None, ("suite", "variant"), ("specialty", "k"))
 
@@ -39,30 +41,30 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _metrics(
-    path: Path, by: tuple[str, ...] | None, threads: int | None = None, force_parallel: bool = False
-) -> tuple[dict[str, pd.DataFrame], bool]:
-    """Every metric of a read-only pass (grouped by ``by``, default: each metric's own), and whether
-    it read the facts; with ``threads`` DuckDB threads and, with ``force_parallel``, parallelism
-    forced onto small data (``PRAGMA verify_parallelism``, see the thread tests below)."""
-    _load_all()
+def _metrics(path: Path, by: tuple[str, ...] | None) -> tuple[dict[str, pd.DataFrame], bool]:
+    """Every metric of a read-only pass over ``path`` (``_metrics_on``)."""
     con = connect(path, read_only=True)
     try:
-        if threads is not None:
-            con.execute(f"SET threads = {threads}")
-        if force_parallel:
-            con.execute("PRAGMA verify_parallelism")
-        prepare(con, materialize=True)
-        used = uses_facts(con)
-        out: dict[str, pd.DataFrame] = {}
-        for name in sorted(REGISTRY):
-            try:
-                out[name] = compute(con, name, by=None if by is None else list(by))
-            except ValueError as exc:  # a metric that refuses this grouping must refuse it on both paths
-                out[name] = pd.DataFrame({"refused": [str(exc)]})
-        return out, used
+        return _metrics_on(con, by)
     finally:
         con.close()
+
+
+def _metrics_on(
+    con: duckdb.DuckDBPyConnection, by: tuple[str, ...] | None
+) -> tuple[dict[str, pd.DataFrame], bool]:
+    """Every metric of a read-only pass on ``con`` (grouped by ``by``, default: each metric's own),
+    and whether it read the facts."""
+    _load_all()
+    prepare(con, materialize=True)
+    used = uses_facts(con)
+    out: dict[str, pd.DataFrame] = {}
+    for name in sorted(REGISTRY):
+        try:
+            out[name] = compute(con, name, by=None if by is None else list(by))
+        except ValueError as exc:  # a metric that refuses this grouping must refuse it on both paths
+            out[name] = pd.DataFrame({"refused": [str(exc)]})
+    return out, used
 
 
 def _assert_same(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame]) -> None:
@@ -482,8 +484,9 @@ def test_metrics_over_facts_are_bit_identical_whatever_the_threads(store: Path, 
     con = connect(path)
     facts.refresh(con)
     con.close()
-    one, used_one = _metrics(path, None, threads=1)
-    four, used_four = _metrics(path, None, threads=4, force_parallel=True)
+    (one, used_one), (four, used_four) = one_thread_and_forced_parallel(
+        path, lambda con: _metrics_on(con, None)
+    )
     assert used_one and used_four
     assert not [n for n, df in one.items() if "refused" in df.columns]  # every metric computed
     assert sum(len(df) for df in one.values()) > 100
