@@ -79,14 +79,20 @@ def test_metrics_that_share_caches_run_in_one_lane_and_the_heavy_groups_in_lane_
     assert sorted(itertools.chain.from_iterable(groups)) == _names()
     for group in groups:
         assert len({cache_group(n) for n in group}) == 1
-    # metrics sharing TEMP caches: the conformal mask, aurc / prr, ece / reliability, the unc scores
+    # metrics sharing TEMP caches: the conformal mask, aurc / prr, ece / reliability, the unc bounds
     for together in (
         ("conformal_aps", "conformal_lac", "conformal_coverage_by", "conformal_sampling"),
         ("aurc", "prr"),
         ("ece", "reliability"),
-        ("unc_summary", "unc_normalization_bounds"),
+        ("unc_normalization_bounds", "unc_normalized"),
     ):
         assert any(set(together) <= set(g) for g in groups), together
+    # the bounds' cache is built by unc_normalization_bounds and read by unc_normalized: in that order
+    bounds = next(g for g in groups if "unc_normalized" in g)
+    assert bounds.index("unc_normalization_bounds") < bounds.index("unc_normalized")
+    # the other uncertainty metrics read the write-time fact alone: groups of their own
+    for name in ("unc_scores", "unc_auroc", "unc_combiners", "unc_summary"):
+        assert [name] in light, name
     assert [cache_group(g[0]) for g in heavy] == list(pass_runner.HEAVY_GROUPS)
     done = _lanes(store, Path(str(store) + ".out"), 2)
     assert {d.lane for d in done if cache_group(d.name) in pass_runner.HEAVY_GROUPS} == {0}

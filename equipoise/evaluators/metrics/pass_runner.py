@@ -29,18 +29,20 @@ What stays as in a sequential pass:
   threads, in both memory layouts, when checked this stop: each output is one row's dot product.
 - the caches. TEMP tables are per connection, so metrics that share one run in the same lane, one
   after the other: the metrics of one module (e.g. the conformal ones share the calibration mask,
-  aurc / prr their selective rows) form a group, and a lane takes whole groups.
+  aurc / prr their selective rows) form a group, unless a metric declares a group of its own
+  (``Metric.lane_group``: the uncertainty metrics, which read the write-time fact and share only
+  the normalisation bounds), and a lane takes whole groups.
 
-Memory decides the schedule. The groups whose working set is most of the pass's cap (the
-conformal and uncertainty metrics, ``HEAVY_GROUPS``) never run beside each other: two of them evict
-each other's store blocks and spill: a 2-lane pass that ran them at once was slower than the
-sequential pass at 1M predictions under the cap (a helper's measurement on a loaded box; without
-the cap it was faster, but its peak RSS passed the store's size). So lane 0 runs the
-heavy groups one after another while the other lanes take the light groups (calibration,
-robustness, CLEAR, ...) from a shared queue, heaviest first (``GROUP_WEIGHTS``), and lane 0 helps
-with what is left. The order only decides speed. ``jobs=1`` is the sequential pass, and so is every
-pass whose base relations are not the store's fact tables: a lane would compute its own TEMP
-copies of them, the store's size again per lane.
+Memory decides the schedule. The group whose working set is most of the pass's cap (the conformal
+metrics' calibration mask, ``HEAVY_GROUPS``) runs in lane 0 alone among the heavy ones: when the
+uncertainty metrics still formed one group of that kind, two such groups at once evicted each
+other's store blocks and spilled (a 2-lane pass that ran them together was slower than the
+sequential pass at 1M predictions under the cap, a helper's measurement on a loaded box). So lane 0
+runs the heavy groups one after another while the other lanes take the light groups (calibration,
+robustness, each uncertainty metric, CLEAR, ...) from a shared queue, heaviest first
+(``GROUP_WEIGHTS``), and lane 0 helps with what is left. The order only decides speed. ``jobs=1`` is
+the sequential pass, and so is every pass whose base relations are not the store's fact tables: a
+lane would compute its own TEMP copies of them, the store's size again per lane.
 """
 
 from __future__ import annotations
@@ -63,22 +65,24 @@ from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, uses_fact
 # 50.6 s, within the noise between runs. One lane (--jobs 1) is the sequential pass.
 DEFAULT_JOBS = 2
 
-# groups that run in lane 0 only, one at a time, in this order (see the module docstring). The
-# uncertainty metrics first: the light lanes' work then runs beside them and slows them by its
-# share of the CPU, where beside conformal_aps, whose calibration mask needs most of the cap, it
-# slowed that metric about 2.5-fold at 1M (a helper's measurement).
-HEAVY_GROUPS: tuple[str, ...] = ("uncertainty", "conformal")
+# groups that run in lane 0 only, one at a time, in this order (see the module docstring): the
+# conformal metrics, whose calibration mask needs most of the pass's memory cap.
+HEAVY_GROUPS: tuple[str, ...] = ("conformal",)
 
-# scheduling weight of each light group (metric module): its metrics' share of a sequential pass,
-# in seconds at 1M predictions (benchmarks/metrics_bench.py, rounded). Only the order lanes take
-# groups in follows from it; a group not listed weighs 0 and is taken last. With 2 lanes the light
-# lane finishes every light group before lane 0 is through the heavy ones, so the order matters
-# from 3 lanes on.
+# scheduling weight of each light group: its metrics' share of a sequential pass, in seconds at 1M
+# predictions (each metric's registry.write_result, one after the other, on the stop-22 code). Only the order lanes take groups in follows
+# from it (heaviest first, so that no lane is left with a long group at the end); a group not
+# listed weighs 0 and is taken last.
 GROUP_WEIGHTS: dict[str, float] = {
-    "calibration": 0.95,
-    "robustness": 0.55,
-    "clear_metrics": 0.13,
-    "determinability": 0.12,
+    "calibration": 0.88,
+    "robustness": 0.61,
+    "unc_scores": 0.58,
+    "unc_auroc": 0.53,
+    "unc_bounds": 0.37,
+    "unc_combiners": 0.29,
+    "clear_metrics": 0.18,
+    "unc_summary": 0.14,
+    "determinability": 0.13,
 }
 
 
@@ -102,9 +106,12 @@ class PassError(RuntimeError):
 
 
 def cache_group(name: str) -> str:
-    """The group of metric ``name``: the module of its Python code (metrics of one module share
-    TEMP caches), or its own name for a metric that is plain SQL (it caches nothing)."""
+    """The group of metric ``name``: its ``lane_group`` where it declares one, else the module of
+    its Python code (metrics of one module share TEMP caches), or its own name for a metric that
+    is plain SQL (it caches nothing)."""
     metric = REGISTRY[name]
+    if metric.lane_group is not None:
+        return metric.lane_group
     fn = metric.sql_fn or metric.compute_fn or metric.post
     module = getattr(fn, "__module__", None)
     return module.rsplit(".", 1)[-1] if module else name

@@ -58,6 +58,13 @@ class Metric:
     # Lets `write_result` stream a result of tens of millions of rows (per-item scores) from DuckDB
     # to a file, where a pandas frame of it would need many times the store's size in memory.
     sql_fn: Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], str] | None = None
+    # the lane group of a metrics pass in lanes (``pass_runner.cache_group``): metrics that share a
+    # connection's TEMP caches when the pass reads the store's fact tables run in one lane, one
+    # after the other, so a cache is built once. None: the metric's module (most modules' metrics
+    # share their caches); a metric that shares nothing names a group of its own, so that a lane
+    # may take it alone. Only speed depends on it: a cache is named for everything its rows depend
+    # on, so a metric's result is the same in any lane.
+    lane_group: str | None = None
 
 
 REGISTRY: dict[str, Metric] = {}

@@ -937,6 +937,10 @@ _NORMALIZATION_PARAMS: dict[str, object] = {
     "include_holdout": False,
 }
 
+# Lane groups (``Metric.lane_group``): over the store's fact tables, the only pass-wide cache these
+# metrics share is the normalisation bounds (``_bounds_cache``: unc_normalization_bounds builds it,
+# unc_normalized reads it); each of the others reads the write-time fact alone, so a metrics pass
+# in lanes may run it beside any other metric.
 register(
     Metric(
         name="unc_scores",
@@ -948,6 +952,7 @@ register(
         default_by=("model",),
         params={"pool": "item"},
         sql_fn=lambda con, by, params: _scores_source(con, by, params, ordered=True),
+        lane_group="unc_scores",
     )
 )
 register(
@@ -961,6 +966,7 @@ register(
         default_by=("model",),
         params=_NORMALIZATION_PARAMS,
         sql_fn=_normalized_sql,
+        lane_group="unc_bounds",
     )
 )
 register(
@@ -973,6 +979,7 @@ register(
         default_by=("model",),
         params={k: v for k, v in _NORMALIZATION_PARAMS.items() if k != "include_holdout"},
         sql_fn=_normalization_bounds_sql,
+        lane_group="unc_bounds",
     )
 )
 register(
@@ -992,6 +999,7 @@ register(
             "alpha": 1.0,
         },
         compute_fn=_combiners,
+        lane_group="unc_combiners",
     )
 )
 register(
@@ -1004,6 +1012,7 @@ register(
         default_by=("model",),
         params={"pool": "item", "scores": UNCERTAINTY_COLUMNS},
         sql_fn=_auroc_sql,
+        lane_group="unc_auroc",
     )
 )
 register(
@@ -1015,5 +1024,6 @@ register(
         default_by=("model",),
         params={"pool": "item", "scores": SCORE_COLUMNS},
         sql_fn=_summary_sql,
+        lane_group="unc_summary",
     )
 )
