@@ -558,6 +558,13 @@ def test_unc_scores_fact_is_written_in_published_order_and_copied_without_a_sort
             assert in_order and not sorts
             pd.testing.assert_frame_equal(df, want[pool], obj=pool)
 
+    from equipoise.evaluators.metrics import uncertainty
+
+    con = connect(path, read_only=True)  # without preserve_insertion_order a scan promises no order
+    con.execute("SET preserve_insertion_order = false")
+    assert not uncertainty._fact_in_order(con, "main.facts_unc_scores_item", ["model"])
+    con.close()
+
     con = connect(path)  # the same rows, shuffled: still current facts, no longer in order
     for pool in facts.POOLS:
         t = f"main.facts_unc_scores_{pool}"
