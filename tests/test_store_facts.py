@@ -508,9 +508,10 @@ def test_metrics_over_facts_are_bit_identical_whatever_the_threads(store: Path, 
 def _unc_scores_read(path: Path) -> tuple[dict[str, tuple[bool, bool, pd.DataFrame]], dict[str, tuple]]:
     """unc_scores per pool as a read-only pass reads it from the facts, once with one DuckDB thread
     and once with parallelism forced (``one_thread_and_forced_parallel``): per pool, whether the
-    fact's rows were found in published order, whether the query sorts, and the rows."""
+    fact's rows were found in published order, whether the query sorts, and the rows, fetched and
+    as ``write_result`` writes them (COPY ... TO Parquet) must be the same."""
     from equipoise.evaluators.metrics import uncertainty
-    from equipoise.evaluators.metrics.registry import result_sql
+    from equipoise.evaluators.metrics.registry import result_sql, write_result
 
     def run(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[bool, bool, pd.DataFrame]]:
         _load_all()
@@ -521,7 +522,11 @@ def _unc_scores_read(path: Path) -> tuple[dict[str, tuple[bool, bool, pd.DataFra
             in_order = uncertainty._fact_in_order(con, f"main.facts_unc_scores_{pool}", ["model"])
             sql = result_sql(con, "unc_scores", None, {"pool": pool})
             assert sql is not None
-            out[pool] = (in_order, "ORDER BY" in sql, con.execute(sql).df())
+            df = con.execute(sql).df()
+            file = path.with_name(f"unc_scores_{pool}.parquet")
+            assert write_result(con, "unc_scores", file, params={"pool": pool}) == len(df)
+            pd.testing.assert_frame_equal(pd.read_parquet(file), df, obj=f"{pool} as written")
+            out[pool] = (in_order, "ORDER BY" in sql, df)
         return out
 
     return one_thread_and_forced_parallel(path, run)
