@@ -318,18 +318,24 @@ def test_a_refresh_in_batches_of_runs_gives_the_facts_of_one_pass(
     _assert_same(a, b)
 
 
-def test_batches_hold_whole_runs_in_run_order_and_a_large_run_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batches_hold_whole_runs_in_model_then_run_order_and_a_large_run_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import duckdb
 
     con = duckdb.connect()
     con.execute(
         "CREATE TABLE predictions AS SELECT * FROM (VALUES ('a'), ('a'), ('b'), ('c'), ('c'), ('c'), "
-        "('c'), ('c'), ('d')) t(run_id)"
+        "('c'), ('c'), ('d'), ('f')) t(run_id)"
     )
-    con.execute("CREATE TABLE runs AS SELECT * FROM (VALUES ('d'), ('c'), ('b'), ('a'), ('e')) t(run_id)")
+    con.execute(
+        "CREATE TABLE runs AS SELECT * FROM (VALUES ('d', 'm1'), ('c', 'm1'), ('b', 'm1'), ('a', 'm1'), "
+        "('e', 'm1'), ('f', NULL), ('g', 'm0')) t(run_id, model)"
+    )
     monkeypatch.setattr(facts, "BATCH_PREDICTIONS", 3)
-    # a+b = 3 predictions; c (5) exceeds a batch and stands alone; d (1) and e (none) share one
-    assert facts._batches(con, "SELECT run_id FROM main.runs") == [["a", "b"], ["c"], ["d", "e"]]
+    # model m0 first (g, no predictions), then m1: g+a = 2, +b = 3 predictions; c (5) exceeds a
+    # batch and stands alone; d (1) and e (none) share one; the NULL model last (as ORDER BY puts it)
+    assert facts._batches(con, "SELECT run_id FROM main.runs") == [["g", "a", "b"], ["c"], ["d", "e", "f"]]
 
 
 def test_memory_capped_lowers_the_limit_for_the_block_only(tmp_path: Path) -> None:
@@ -497,3 +503,92 @@ def test_metrics_over_facts_are_bit_identical_whatever_the_threads(store: Path, 
         except AssertionError:
             differ.append(name)
     assert differ == [], f"metrics that depend on DuckDB's threads: {differ}"
+
+
+def _unc_scores_read(path: Path) -> tuple[dict[str, tuple[bool, bool, pd.DataFrame]], dict[str, tuple]]:
+    """unc_scores per pool as a read-only pass reads it from the facts, once with one DuckDB thread
+    and once with parallelism forced (``one_thread_and_forced_parallel``): per pool, whether the
+    fact's rows were found in published order, whether the query sorts, and the rows, fetched and
+    as ``write_result`` writes them (COPY ... TO Parquet) must be the same."""
+    from equipoise.evaluators.metrics import uncertainty
+    from equipoise.evaluators.metrics.registry import result_sql, write_result
+
+    def run(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[bool, bool, pd.DataFrame]]:
+        _load_all()
+        prepare(con, materialize=True)
+        assert uses_facts(con)
+        out = {}
+        for pool in facts.POOLS:
+            in_order = uncertainty._fact_in_order(con, f"main.facts_unc_scores_{pool}", ["model"])
+            sql = result_sql(con, "unc_scores", None, {"pool": pool})
+            assert sql is not None
+            df = con.execute(sql).df()
+            file = path.with_name(f"unc_scores_{pool}.parquet")
+            assert write_result(con, "unc_scores", file, params={"pool": pool}) == len(df)
+            pd.testing.assert_frame_equal(pd.read_parquet(file), df, obj=f"{pool} as written")
+            out[pool] = (in_order, "ORDER BY" in sql, df)
+        return out
+
+    return one_thread_and_forced_parallel(path, run)
+
+
+def test_unc_scores_fact_is_written_in_published_order_and_copied_without_a_sort(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """facts_unc_scores_<pool> is written sorted as unc_scores publishes it for its default
+    grouping (model, run_id, item_id), batch after batch of runs in that order, so unc_scores reads
+    it with a plain scan: no ORDER BY, and the rows still come in the published order, with one
+    thread or with parallelism forced. When the fact's rows are out of order (here: rewritten
+    shuffled, as an incremental refresh that appends a run could leave them) the check says so and
+    the query sorts, with the same result."""
+    plain, path = tmp_path / "plain.duckdb", tmp_path / "s.duckdb"
+    plain.write_bytes(store.read_bytes())
+    path.write_bytes(store.read_bytes())
+    con = connect(path)
+    # the store's run_id order is not its (model, run_id) order, else the batches prove nothing
+    runs = con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()
+    assert runs != con.execute("SELECT run_id FROM runs ORDER BY model, run_id").fetchall()
+    con.execute("SET threads = 4")
+    con.execute("PRAGMA verify_parallelism")
+    computed, n_runs = _refresh_in_batches(con, monkeypatch, runs_per_batch=1)
+    con.close()
+    assert len(computed) == n_runs >= 3  # really in batches
+
+    want, used = _metrics_on_unc_scores(plain)  # from the source tables, sorted by the query
+    assert not used
+    one, forced = _unc_scores_read(path)
+    for pool in facts.POOLS:
+        for got in (one[pool], forced[pool]):
+            in_order, sorts, df = got
+            assert in_order and not sorts
+            pd.testing.assert_frame_equal(df, want[pool], obj=pool)
+
+    from equipoise.evaluators.metrics import uncertainty
+
+    con = connect(path, read_only=True)  # without preserve_insertion_order a scan promises no order
+    con.execute("SET preserve_insertion_order = false")
+    assert not uncertainty._fact_in_order(con, "main.facts_unc_scores_item", ["model"])
+    con.close()
+
+    con = connect(path)  # the same rows, shuffled: still current facts, no longer in order
+    for pool in facts.POOLS:
+        t = f"main.facts_unc_scores_{pool}"
+        con.execute(f"CREATE OR REPLACE TABLE {t} AS SELECT * FROM {t} ORDER BY hash(item_id), run_id")
+    con.close()
+    one, forced = _unc_scores_read(path)
+    for pool in facts.POOLS:
+        for got in (one[pool], forced[pool]):
+            in_order, sorts, df = got
+            assert not in_order and sorts
+            pd.testing.assert_frame_equal(df, want[pool], obj=pool)
+
+
+def _metrics_on_unc_scores(path: Path) -> tuple[dict[str, pd.DataFrame], bool]:
+    """unc_scores per pool on a read-only pass over ``path``, and whether it read facts."""
+    con = connect(path, read_only=True)
+    try:
+        _load_all()
+        prepare(con, materialize=True)
+        return {p: compute(con, "unc_scores", params={"pool": p}) for p in facts.POOLS}, uses_facts(con)
+    finally:
+        con.close()

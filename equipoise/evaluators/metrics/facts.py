@@ -67,10 +67,11 @@ FACT_TABLES: tuple[str, ...] = (
 )
 META_KEY = "facts_fingerprint"
 # Predictions per batch of a refresh: runs are computed in batches of about this many predictions
-# (whole runs, in run_id order; a larger run is a batch alone). Why: computed in one statement, the
-# joins, window functions and new tables of every run are in memory at once, and a 10M-prediction
-# store's refresh peaked at 19 GiB; a fact row depends only on its own run (module docstring), so
-# batches give the same rows with a working set of one batch. Stores up to this size take one pass.
+# (whole runs, in (model, run_id) order, see _batches; a larger run is a batch alone). Why:
+# computed in one statement, the joins, window functions and new tables of every run are in
+# memory at once, and a 10M-prediction store's refresh peaked at 19 GiB; a fact row depends only
+# on its own run (module docstring), so batches give the same rows with a working set of one
+# batch. Stores up to this size take one pass.
 # The price is CPU: 46.5 instead of 38 CPU s at 1M (2 shared cores under load), per-batch joins
 # against the shared tables; a larger batch costs less CPU and more memory (2M in one pass does
 # not fit REFRESH_MEMORY_LIMIT).
@@ -279,11 +280,16 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
 
 
 def _batches(con: duckdb.DuckDBPyConnection, runs_sql: str) -> list[list[str]]:
-    """The run ids that ``runs_sql`` (a SELECT of ``run_id``) gives, in run_id order, grouped into
-    batches of at most ``BATCH_PREDICTIONS`` predictions (a larger run is a batch of its own)."""
+    """The run ids that ``runs_sql`` (a SELECT of ``run_id``) gives, in (model, run_id) order,
+    grouped into batches of at most ``BATCH_PREDICTIONS`` predictions (a larger run is a batch of
+    its own). Why that order: each batch writes facts_unc_scores_<pool> sorted by (model, run_id,
+    item_id) (``uncertainty.FACT_ORDER``), so batches appended in that order leave the whole table
+    sorted and unc_scores copies it without a sort (``uncertainty._fact_in_order`` checks)."""
     rows = con.execute(
         f"""SELECT r.run_id, count(p.run_id) FROM ({runs_sql}) r
-            LEFT JOIN main.predictions p USING (run_id) GROUP BY r.run_id ORDER BY r.run_id"""
+            LEFT JOIN main.runs m USING (run_id)
+            LEFT JOIN main.predictions p USING (run_id)
+            GROUP BY r.run_id, m.model ORDER BY m.model, r.run_id"""
     ).fetchall()
     batches: list[list[str]] = []
     size = 0
