@@ -118,8 +118,9 @@ def samples_sql(params: dict | None = None) -> str:
 # the columns of cal_samples any calibration metric reads (besides the strata). Not the sample's key
 # (run_id, item_id, sample_index): brier_multiclass reads its per-sample facts (n_scored, brier_mc)
 # from cal_samples, which has them as columns of scored_probs, so no metric joins on the key, and the cache
-# holds no per-row strings but the strata and cal_status
-_CACHED_COLUMNS = ("n_options", "n_scored", "brier_mc", "correct", "cal_status", "used", "confidence")
+# holds no per-row strings but the strata: the metrics test the booleans `used` and `unparsed`, not the
+# cal_status string they define (sql/cal_samples.sql)
+_CACHED_COLUMNS = ("n_options", "n_scored", "brier_mc", "correct", "unparsed", "used", "confidence")
 
 
 def _cache_key(p: dict[str, object], by: Sequence[str]) -> str:
@@ -269,10 +270,10 @@ _COUNTS = ("n_total", "n", "n_excluded", "n_unparsed", "n_no_confidence")
 # the _COUNTS of a group from its cal_blocks rows (n_b rows each), one definition for every metric
 # that aggregates blocks ({block_counts} in cal_auroc.sql and cal_selective.sql)
 _BLOCK_COUNTS = """coalesce(sum(n_b), 0)::BIGINT AS n_total,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n,
-           coalesce(sum(n_b) FILTER (WHERE cal_status <> 'used'), 0)::BIGINT AS n_excluded,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'unparsed'), 0)::BIGINT AS n_unparsed,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'no_confidence'), 0)::BIGINT AS n_no_confidence"""
+           coalesce(sum(n_b) FILTER (WHERE used), 0)::BIGINT AS n,
+           coalesce(sum(n_b) FILTER (WHERE NOT used), 0)::BIGINT AS n_excluded,
+           coalesce(sum(n_b) FILTER (WHERE unparsed), 0)::BIGINT AS n_unparsed,
+           coalesce(sum(n_b) FILTER (WHERE NOT used AND NOT unparsed), 0)::BIGINT AS n_no_confidence"""
 
 
 def _metric(name: str, sql: str, description: str, columns: Sequence[str] | None = None) -> None:

@@ -19,8 +19,8 @@ WITH b AS (
 )
 SELECT {by} bin,
        count(*)                                               AS n_b,
-       count(*) FILTER (WHERE cal_status = 'unparsed')        AS n_unparsed,
-       count(*) FILTER (WHERE cal_status = 'no_confidence')   AS n_no_confidence,
+       count(*) FILTER (WHERE unparsed)                       AS n_unparsed,
+       count(*) FILTER (WHERE NOT used AND NOT unparsed)      AS n_no_confidence,
        sum((confidence * (2::DOUBLE ^ 90))::HUGEINT)::DOUBLE / (2::DOUBLE ^ 90) / count(confidence) AS conf_b,
        avg(correct::DOUBLE)                                   AS acc_b,
        sum((confidence * (2::DOUBLE ^ 90))::HUGEINT)::DOUBLE / (2::DOUBLE ^ 90) AS conf_sum,

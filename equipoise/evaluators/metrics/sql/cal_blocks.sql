@@ -5,7 +5,9 @@
 -- are the used rows / errors with a strictly higher confidence in its group (the blocks sorted by
 -- confidence, highest first, excluded blocks last and never counted), n_used is the group's
 -- used rows and n_group all its rows; on excluded blocks k_before / e_before are meaningless and
--- never read.
+-- never read. A block's exclusion state is two booleans, `used` (cal_status 'used') and
+-- `unparsed` (cal_status 'unparsed'; neither: 'no_confidence'), not the cal_status string: the
+-- metrics only test it, and a string per block cost more to store and compare at 931k blocks.
 -- How: one window sort of the group's rows by a single DOUBLE key, _key = the confidence of a used
 -- row (in [0, 1]) and -1 (no_confidence) or -2 (unparsed) for an excluded one, so the excluded rows
 -- sort last and each exclusion reason is its own run of equal keys. Over that sort every row gets
@@ -16,7 +18,7 @@
 -- excluded rows) are aggregated per key: _rn and _cum only grow along the sort, so the block's
 -- first row holds the smallest _rn and _cum - _err (the rows and errors above it) and its last
 -- row the largest _cum. n_used and n_group are counts over the whole-partition frame of the same
--- sort. cal_status and confidence are read back from _key, so the sort carries no string but the
+-- sort. used, unparsed and confidence are read back from _key, so the sort carries no string but the
 -- grouping's.
 -- Why: peer frames (count / sum over RANGE CURRENT ROW, a RANGE running sum, rank()) find each
 -- row's peers, and a QUALIFY on row_number() = rank() kept one row per block; with nearly every
@@ -29,7 +31,7 @@ WITH s AS (
     SELECT {by}
            coalesce(NOT correct, false)::INT                                      AS _err,
            coalesce(confidence,
-                    CASE WHEN cal_status = 'unparsed' THEN -2.0 ELSE -1.0 END::DOUBLE) AS _key
+                    CASE WHEN unparsed THEN -2.0 ELSE -1.0 END::DOUBLE)                   AS _key
     FROM cal_samples
 ),
 r AS (
@@ -65,7 +67,8 @@ blocks AS (
     GROUP BY ALL
 )
 SELECT {by}
-       CASE WHEN _key >= 0 THEN 'used' WHEN _key = -2 THEN 'unparsed' ELSE 'no_confidence' END AS cal_status,
+       _key >= 0 AS used,
+       _key = -2 AS unparsed,
        CASE WHEN _key >= 0 THEN _key END AS confidence,
        n_b, e_b, k_before, e_before, n_used, n_group
 FROM blocks

@@ -4,8 +4,8 @@ SELECT {by}
        count(*)                                                        AS n_total,
        count(*) FILTER (WHERE used)                                    AS n,
        count(*) FILTER (WHERE NOT used)                                AS n_excluded,
-       count(*) FILTER (WHERE cal_status = 'unparsed')                 AS n_unparsed,
-       count(*) FILTER (WHERE cal_status = 'no_confidence')            AS n_no_confidence,
+       count(*) FILTER (WHERE unparsed)                                AS n_unparsed,
+       count(*) FILTER (WHERE NOT used AND NOT unparsed)               AS n_no_confidence,
        avg(correct::DOUBLE) FILTER (WHERE used)                        AS accuracy,
        -- terms in [0, 1] summed exactly in fixed point (units of 2^-90, see cal_bins.sql): a parallel
        -- avg() of doubles adds in thread order, so its last bits varied

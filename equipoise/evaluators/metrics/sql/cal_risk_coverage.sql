@@ -18,5 +18,5 @@ SELECT {by}
        (e_before + e_b) / (k_before + n_b) AS risk,
        n_group - n_used            AS n_excluded
 FROM cal_blocks
-WHERE cal_status = 'used'
+WHERE used
 ORDER BY {by} n_accepted
