@@ -209,7 +209,10 @@ def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[st
     view over the live ``cal_samples``.
     """
     p = _params(params)
-    _prepare_step(con, _BLOCKS, p, _check_by(by), "", {})
+    by = _check_by(by)
+    # rows to their group's number in cal_blocks.sql: NULL-safe, a NULL stratum is a group too
+    match = " AND ".join(f"s.{c} IS NOT DISTINCT FROM gk.{c}" for c in by) or "true"
+    _prepare_step(con, _BLOCKS, p, by, "", {"by_match": match})
 
 
 # not a registered metric either: the per-bin step of ece and reliability
