@@ -215,15 +215,16 @@ def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[st
     _prepare_step(con, _BLOCKS, p, by, "", {"by_match": match})
 
 
-# not a registered metric either: the per-bin step of ece and reliability
+# not a registered metric either: the per-bin step of ece, reliability and brier
 _BINS = Metric(name="cal_bins", description="per-bin sums of cal_samples", sql="cal_bins.sql")
-_BIN_METRICS = ("ece", "reliability")  # their SQL reads cal_bins
+_BIN_METRICS = ("ece", "reliability", "brier")  # their SQL reads cal_bins
 
 
 def prepare_bins(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str]) -> None:
     """Create the ``cal_bins`` view (``sql/cal_bins.sql``) over ``cal_samples`` grouped by ``by``.
 
-    ece and reliability bin every row of a group the same way; on a connection with fixed base
+    ece and reliability bin every row of a group the same way, and brier adds up the bins' exact
+    fixed-point sums (see cal_brier.sql); on a connection with fixed base
     relations (see ``prepare_samples``) the bins are computed once per (confidence, samples, by,
     n_bins) into a TEMP table of a few rows per group, otherwise it stays a view.
     """
