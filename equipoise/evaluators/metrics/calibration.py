@@ -118,8 +118,9 @@ def samples_sql(params: dict | None = None) -> str:
 # the columns of cal_samples any calibration metric reads (besides the strata). Not the sample's key
 # (run_id, item_id, sample_index): brier_multiclass reads its per-sample facts (n_scored, brier_mc)
 # from cal_samples, which has them as columns of scored_probs, so no metric joins on the key, and the cache
-# holds no per-row strings but the strata and cal_status
-_CACHED_COLUMNS = ("n_options", "n_scored", "brier_mc", "correct", "cal_status", "used", "confidence")
+# holds no per-row strings but the strata: the metrics test the booleans `used` and `unparsed`, not the
+# cal_status string they define (sql/cal_samples.sql)
+_CACHED_COLUMNS = ("n_options", "n_scored", "brier_mc", "correct", "unparsed", "used", "confidence")
 
 
 def _cache_key(p: dict[str, object], by: Sequence[str]) -> str:
@@ -208,18 +209,22 @@ def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[st
     view over the live ``cal_samples``.
     """
     p = _params(params)
-    _prepare_step(con, _BLOCKS, p, _check_by(by), "", {})
+    by = _check_by(by)
+    # rows to their group's number in cal_blocks.sql: NULL-safe, a NULL stratum is a group too
+    match = " AND ".join(f"s.{c} IS NOT DISTINCT FROM gk.{c}" for c in by) or "true"
+    _prepare_step(con, _BLOCKS, p, by, "", {"by_match": match})
 
 
-# not a registered metric either: the per-bin step of ece and reliability
+# not a registered metric either: the per-bin step of ece, reliability and brier
 _BINS = Metric(name="cal_bins", description="per-bin sums of cal_samples", sql="cal_bins.sql")
-_BIN_METRICS = ("ece", "reliability")  # their SQL reads cal_bins
+_BIN_METRICS = ("ece", "reliability", "brier")  # their SQL reads cal_bins
 
 
 def prepare_bins(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str]) -> None:
     """Create the ``cal_bins`` view (``sql/cal_bins.sql``) over ``cal_samples`` grouped by ``by``.
 
-    ece and reliability bin every row of a group the same way; on a connection with fixed base
+    ece and reliability bin every row of a group the same way, and brier adds up the bins' exact
+    fixed-point sums (see cal_brier.sql); on a connection with fixed base
     relations (see ``prepare_samples``) the bins are computed once per (confidence, samples, by,
     n_bins) into a TEMP table of a few rows per group, otherwise it stays a view.
     """
@@ -269,10 +274,10 @@ _COUNTS = ("n_total", "n", "n_excluded", "n_unparsed", "n_no_confidence")
 # the _COUNTS of a group from its cal_blocks rows (n_b rows each), one definition for every metric
 # that aggregates blocks ({block_counts} in cal_auroc.sql and cal_selective.sql)
 _BLOCK_COUNTS = """coalesce(sum(n_b), 0)::BIGINT AS n_total,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n,
-           coalesce(sum(n_b) FILTER (WHERE cal_status <> 'used'), 0)::BIGINT AS n_excluded,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'unparsed'), 0)::BIGINT AS n_unparsed,
-           coalesce(sum(n_b) FILTER (WHERE cal_status = 'no_confidence'), 0)::BIGINT AS n_no_confidence"""
+           coalesce(sum(n_b) FILTER (WHERE used), 0)::BIGINT AS n,
+           coalesce(sum(n_b) FILTER (WHERE NOT used), 0)::BIGINT AS n_excluded,
+           coalesce(sum(n_b) FILTER (WHERE unparsed), 0)::BIGINT AS n_unparsed,
+           coalesce(sum(n_b) FILTER (WHERE NOT used AND NOT unparsed), 0)::BIGINT AS n_no_confidence"""
 
 
 def _metric(name: str, sql: str, description: str, columns: Sequence[str] | None = None) -> None:

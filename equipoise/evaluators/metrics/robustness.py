@@ -134,7 +134,7 @@ def _variant(params: dict, name: str) -> str:
 # the columns of rob_samples that rob_pairs and rob_base_unpaired read (the pairing key and each
 # side's values), besides the grouping's strata
 _SAMPLE_COLUMNS = (
-    "run_id", "variant", "pair_class", "base_id", "item_id", "correct", "parsed_role", "uncertainty",
+    "run_id", "_is_base", "pair_class", "base_id", "item_id", "correct", "_unparsed", "uncertainty",
 )  # fmt: skip
 
 

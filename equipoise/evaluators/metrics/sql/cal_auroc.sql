@@ -9,15 +9,15 @@
 WITH r AS (
     SELECT *,
            n_b - e_b                                                            AS c_b,
-           CASE WHEN cal_status = 'used' THEN n_used - k_before - n_b + 1 + (n_b - 1) / 2.0 END AS avg_rank
+           CASE WHEN used THEN n_used - k_before - n_b + 1 + (n_b - 1) / 2.0 END AS avg_rank
     FROM cal_blocks
 ),
 g AS (
     SELECT {by}
            {block_counts},
-           coalesce(sum(c_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT   AS n_correct,
-           coalesce(sum(n_b - c_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n_incorrect,
-           sum(c_b * avg_rank) FILTER (WHERE cal_status = 'used')             AS rank_sum_correct
+           coalesce(sum(c_b) FILTER (WHERE used), 0)::BIGINT                 AS n_correct,
+           coalesce(sum(n_b - c_b) FILTER (WHERE used), 0)::BIGINT           AS n_incorrect,
+           sum(c_b * avg_rank) FILTER (WHERE used)                           AS rank_sum_correct
     FROM r
     {group_by}
 )

@@ -1,4 +1,4 @@
--- Per-bin sums of cal_samples per group, the shared first step of ece and reliability: one row per
+-- Per-bin sums of cal_samples per group, the shared first step of ece, reliability and brier: one row per
 -- group and bin of {n_bins} equal-width bins over [0, 1] (bin b holds the used rows with
 -- b/{n_bins} <= confidence < (b+1)/{n_bins}, the last bin closed at 1.0: bin_sql in calibration.py),
 -- plus one row with bin NULL for the group's excluded rows. n_b rows, of which n_unparsed /
@@ -9,6 +9,10 @@
 -- varied; an integer sum is the same in any order, and costs about what sum() does (a value-sorted
 -- list was 3-4x slower at 1M rows). A term's part below 2^-90 is dropped (not a visible bit of the
 -- result unless every term is that small). The 0/1 correct sums are exact in any order anyway.
+-- conf_fx and brier_fx are the bin's exact fixed-point sums themselves (HUGEINT, units of 2^-90) of
+-- the confidences and of the Brier terms (confidence - 1[correct])^2: brier adds them over the
+-- bins, which gives the very integers its own sums over the rows gave (integer addition is exact
+-- in any grouping), so it reads these few rows instead of scanning cal_samples again.
 -- Why shared: both metrics bin every row of a group the same way; on a connection with fixed base
 -- relations calibration.py computes this once per (confidence, samples, by, n_bins) into a TEMP
 -- table, and each metric aggregates its few rows per group. Names must not reuse a STRATA column.
@@ -19,11 +23,13 @@ WITH b AS (
 )
 SELECT {by} bin,
        count(*)                                               AS n_b,
-       count(*) FILTER (WHERE cal_status = 'unparsed')        AS n_unparsed,
-       count(*) FILTER (WHERE cal_status = 'no_confidence')   AS n_no_confidence,
+       count(*) FILTER (WHERE unparsed)                       AS n_unparsed,
+       count(*) FILTER (WHERE NOT used AND NOT unparsed)      AS n_no_confidence,
        sum((confidence * (2::DOUBLE ^ 90))::HUGEINT)::DOUBLE / (2::DOUBLE ^ 90) / count(confidence) AS conf_b,
        avg(correct::DOUBLE)                                   AS acc_b,
        sum((confidence * (2::DOUBLE ^ 90))::HUGEINT)::DOUBLE / (2::DOUBLE ^ 90) AS conf_sum,
-       sum(correct::DOUBLE)                                   AS correct_sum
+       sum(correct::DOUBLE)                                   AS correct_sum,
+       sum((confidence * (2::DOUBLE ^ 90))::HUGEINT)          AS conf_fx,
+       sum(((confidence - correct::DOUBLE) ^ 2 * (2::DOUBLE ^ 90))::HUGEINT) AS brier_fx
 FROM b
 GROUP BY {by} bin

@@ -5,7 +5,8 @@
 -- such samples were used). Samples with some but not all options scored (n_partial) or none
 -- (n_unscored) are excluded and counted; coverage = n / n_total.
 -- The per-sample count and Brier term are write-time facts (sample_probs.sql) that cal_samples
--- carries (n_scored, brier_mc); an unparsed sample is one with cal_status 'unparsed'.
+-- carries (n_scored, brier_mc); an unparsed sample is one with cal_status 'unparsed'
+-- (the boolean `unparsed`).
 WITH s AS (
     SELECT cs.*, brier_mc AS bs, coalesce(n_scored = n_options, false) AS full_cover
     FROM cal_samples cs
@@ -16,7 +17,7 @@ SELECT {by}
        count(*) FILTER (WHERE NOT full_cover)                          AS n_excluded,
        count(*) FILTER (WHERE NOT full_cover AND n_scored > 0)         AS n_partial,
        count(*) FILTER (WHERE n_scored IS NULL)                        AS n_unscored,
-       count(*) FILTER (WHERE full_cover AND cal_status = 'unparsed') AS n_used_unparsed,
+       count(*) FILTER (WHERE full_cover AND unparsed)                AS n_used_unparsed,
        count(*) FILTER (WHERE full_cover) / count(*)                   AS coverage,
        -- terms in [0, 2] summed exactly in fixed point (units of 2^-90, see cal_bins.sql): a parallel
        -- avg() of doubles adds in thread order, so its last bits varied

@@ -13,6 +13,9 @@
 --   'no_confidence' a parsed option but no usable confidence (the chosen/target option was not
 --                   scored, no token log-probabilities, or a value that is NULL, NaN or outside [0, 1]);
 --   'used'          counted by the metrics.
+-- The two booleans behind it are columns too, `unparsed` and `used` (cal_status = 'unparsed' /
+-- 'used'), and the metrics test those: comparing the per-row string cost more CPU than the
+-- aggregate that read it (brier at 1M predictions), while the string stays for whoever reports it.
 CREATE OR REPLACE TEMP VIEW cal_samples AS
 WITH c AS (
     SELECT sc.*, CAST({conf_expr} AS DOUBLE) AS conf_raw
@@ -21,12 +24,12 @@ WITH c AS (
 ),
 s AS (
     SELECT c.* EXCLUDE (conf_raw), conf_raw,
-           CASE WHEN c.parsed_option_id IS NULL THEN 'unparsed'
-                WHEN conf_raw IS NULL OR isnan(conf_raw) OR conf_raw < 0 OR conf_raw > 1 THEN 'no_confidence'
-                ELSE 'used' END AS cal_status
+           c.parsed_option_id IS NULL                                        AS unparsed,
+           c.parsed_option_id IS NOT NULL
+             AND coalesce(NOT isnan(conf_raw) AND conf_raw >= 0 AND conf_raw <= 1, false) AS used
     FROM c
 )
 SELECT s.* EXCLUDE (conf_raw),
-       cal_status = 'used'                                   AS used,
-       CASE WHEN cal_status = 'used' THEN conf_raw END       AS confidence
+       CASE WHEN unparsed THEN 'unparsed' WHEN used THEN 'used' ELSE 'no_confidence' END AS cal_status,
+       CASE WHEN used THEN conf_raw END                      AS confidence
 FROM s;

@@ -26,9 +26,9 @@
 WITH g AS (
     SELECT {by}
            {block_counts},
-           coalesce(sum(e_b) FILTER (WHERE cal_status = 'used'), 0)::BIGINT AS n_errors,
+           coalesce(sum(e_b) FILTER (WHERE used), 0)::BIGINT AS n_errors,
            -- only the used blocks are computed: an excluded one may divide 0 by 0, and NaN has no integer
-           sum((CASE WHEN cal_status IS DISTINCT FROM 'used' THEN NULL
+           sum((CASE WHEN NOT used THEN NULL
                      WHEN n_b = 1 THEN (e_before + e_b)::DOUBLE / (k_before + 1)
                      ELSE list_sum(list_transform(range(1, n_b + 1),
                                    lambda j: (e_before + j * e_b::DOUBLE / n_b) / (k_before + j))) END

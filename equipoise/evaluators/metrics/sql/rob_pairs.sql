@@ -10,6 +10,10 @@
 -- Three TEMP views: rob_samples (both variants' samples with their uncertainty), rob_pairs (the
 -- pairs) and rob_base_unpaired (base samples with no perturbed partner: left out of the pairs, so
 -- the McNemar table reports how many there were instead of dropping them silently).
+-- rob_samples carries the side (_is_base: the variant is '{base_variant}'; the filter keeps only the
+-- two variants, so false is '{perturbed_variant}') and _unparsed (no parsed role) as booleans: the
+-- pair views read those instead of the variant and parsed_role strings, which robustness.py
+-- then need not copy into its per-pairing cache.
 -- The five run settings that must agree (dataset_id, model, backend, prompt_style, decoding_json)
 -- are all columns of `runs`, so they are numbered once per distinct combination over the few runs
 -- (pair_class; NULL when one of them is NULL, which `=` never matches either), and samples pair on
@@ -27,7 +31,9 @@ s AS (  -- scored_probs: `scored` with the chosen option's probability, a per-sa
       AND sc.variant IN ('{base_variant}', '{perturbed_variant}')
       AND NOT starts_with(sc.prompt_style, 'self_eval:')
 )
-SELECT s.*, {uncertainty_expr} AS uncertainty
+SELECT s.*, {uncertainty_expr} AS uncertainty,
+       s.variant = '{base_variant}' AS _is_base,
+       s.parsed_role IS NULL        AS _unparsed
 FROM s;
 
 CREATE OR REPLACE TEMP VIEW rob_pairs AS
@@ -38,18 +44,18 @@ SELECT {base_strata}
        q.item_id                    AS perturbed_item_id,
        b.correct                    AS base_correct,
        q.correct                    AS perturbed_correct,
-       b.parsed_role IS NULL        AS base_unparsed,
-       q.parsed_role IS NULL        AS perturbed_unparsed,
+       b._unparsed                  AS base_unparsed,
+       q._unparsed                  AS perturbed_unparsed,
        b.uncertainty                AS base_uncertainty,
        q.uncertainty                AS perturbed_uncertainty
-FROM (SELECT * FROM rob_samples WHERE variant = '{base_variant}') b
-JOIN (SELECT * FROM rob_samples WHERE variant = '{perturbed_variant}') q
+FROM (SELECT * FROM rob_samples WHERE _is_base) b
+JOIN (SELECT * FROM rob_samples WHERE NOT _is_base) q
   ON q.pair_class = b.pair_class AND q.base_id = b.base_id;
 
 CREATE OR REPLACE TEMP VIEW rob_base_unpaired AS
 SELECT {base_strata}
        b.run_id, b.base_id,
        b.item_id                    AS base_item_id
-FROM (SELECT * FROM rob_samples WHERE variant = '{base_variant}') b
-ANTI JOIN (SELECT * FROM rob_samples WHERE variant = '{perturbed_variant}') q
+FROM (SELECT * FROM rob_samples WHERE _is_base) b
+ANTI JOIN (SELECT * FROM rob_samples WHERE NOT _is_base) q
   ON q.pair_class = b.pair_class AND q.base_id = b.base_id;
