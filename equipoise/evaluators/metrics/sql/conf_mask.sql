@@ -1,8 +1,8 @@
 -- The calibration mask of split conformal: for every unit of `mask_units` (defined before this
 -- fragment: gid, sid, run_id, ukey and any other columns, which are passed through) and every one of
 -- the {repeats} random splits, whether the unit is calibration (bit set) or test. Composed by
--- conformal.py (a list of CTEs, no WITH); `unit_mask` is the result: the columns of `mask_units` plus
--- UBIGINT words m0, m1, ... (bit r % 64 of word r // 64 = calibration in repeat r, so any number of
+-- conformal.py (a list of CTEs, no WITH); `unit_mask` is the result: the columns of `mask_units`
+-- but run_id and ukey, plus UBIGINT words m0, m1, ... (bit r % 64 of word r // 64 = calibration in repeat r, so any number of
 -- repeats fits). It depends on nothing but the units (group, stratum, run_id, unit key), the seed,
 -- the repeats and cal_fraction, never on a score: conformal.py computes it once per connection and
 -- unit set and shares it between LAC, APS and coverage_by when the base relations are fixed.
@@ -56,10 +56,10 @@ mask_strata AS (
                     GROUP BY gid, sid))
     ))
 ),
--- the units with their hashes, uid and stratum; the strings run_id and ukey are dropped here unless
--- the caller keeps them (the shared mask table is joined on them): every later step reads uid
+-- the units with their hashes, uid and stratum; the strings run_id and ukey are dropped here: every
+-- later step reads uid (materialized rows without them are much narrower)
 units_h AS (
-    SELECT {units_h_cols}, s.skey, s.lo, s.hi, k.* EXCLUDE (ukey, uk), k.uk * r.nr + r.rk AS uid
+    SELECT u.* EXCLUDE (run_id, ukey), s.skey, s.lo, s.hi, k.* EXCLUDE (ukey, uk), k.uk * r.nr + r.rk AS uid
     FROM mask_units u
     JOIN split_keys k USING (ukey)
     JOIN run_ids r USING (run_id)
