@@ -975,11 +975,13 @@ def _query(
             f"JOIN {mask_units} mk ON mk.run_id = u.run_id AND mk.ukey = u.ukey "
             "JOIN group_n g ON g.gid = u.gid"
         )
+        # the pools counted from `strata` (the split's count of `units` per group and stratum), not by
+        # another scan of the pools
         check = (
             "mask_check AS (  -- the pools are exactly the units of the shared mask table\n"
-            "    SELECT (SELECT count(*) FROM units) = (SELECT count_if(same_gs) FROM units_m)\n"
-            "       AND (SELECT count(*) FROM units) = "
-            f"(SELECT count(*) FROM {shared} WHERE m0 IS NOT NULL) AS ok\n),\n"
+            "    SELECT n = (SELECT count_if(same_gs) FROM units_m)\n"
+            f"       AND n = (SELECT count(*) FROM {shared} WHERE m0 IS NOT NULL) AS ok\n"
+            "    FROM (SELECT coalesce(sum(n_stratum), 0) AS n FROM strata)\n),\n"
         )
     elif not fixed or score == "sampling":
         mask_ctes = _inline_mask(con, score, values, params)
