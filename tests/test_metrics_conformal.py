@@ -818,3 +818,21 @@ def test_mask_table_name_changes_exactly_when_its_query_does(big_store):
         assert (name_a == name_b) == (query_a == query_b)
     assert seen[0][0] == seen[1][0]  # alpha: the same mask
     assert len({name for name, _ in seen}) == len(variants) - 1
+
+
+@pytest.mark.parametrize("cov", ["specialty", "k", "has_gold", "difficulty"])
+def test_coverage_by_integer_codes_give_the_inline_frames(store, cov):
+    """A materialized pass gives coverage_by's units the integer code of the reported column
+    (``conformal.COV_KEYS``) and decodes it in the summary: the frame (values, NULLs, dtypes and
+    row order) equals the inline query's, which carries the column itself, for string, integer and
+    boolean columns."""
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        params = {"seed": 5, "repeats": 6, "coverage_by": cov}
+        shared = compute(con, "conformal_coverage_by", list(BY), params)
+        inline = _compute(store, "conformal_coverage_by", BY, **params)
+        assert len(shared) > 0
+        pd.testing.assert_frame_equal(shared, inline, check_exact=True)
+    finally:
+        con.close()

@@ -722,20 +722,19 @@ def _inline_mask(
     values: dict,
     params: dict,
     cols: str | None = None,
-    keep_identity: bool = False,
 ) -> str:
     """The CTEs of ``conf_mask.sql`` computing the mask of the query's own ``units``, passing the
     columns ``cols`` of each unit through to ``unit_mask`` (default: what the split reads). A
     metric's own query carries them (at 10M predictions that was faster than joining the mask back
     to the units on their four identity columns), without run_id and ukey once the unit's integer
-    key is computed (``keep_identity``: the shared mask table, which is joined on them, keeps them)."""
+    key is computed (the shared mask table keeps the units' rowids instead, see
+    ``_option_mask_table``)."""
     if cols is None:
         cols = _SAMPLING_SPLIT_COLS if score == "sampling" else _SPLIT_COLS
     keys = _split_keys_source(con, values, _key_col(score, params))
     mask = _render(
         "conf_mask.sql",
         split_keys_sql=keys,
-        units_h_cols="u.*" if keep_identity else "u.* EXCLUDE (run_id, ukey)",
         **values,
         **_mask_sql(values["repeats"]),
     )
@@ -782,9 +781,11 @@ units AS (SELECT gid, sid, run_id, ukey, sc_row, sp_row FROM base WHERE has_prob
 
 def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     """The TEMP table of the option units' calibration mask (computed here if missing): one row per
-    prediction of the sample (gid, sid, run_id, ukey = item_id, sc_row, sp_row (see
-    ``_mask_identity_sql``), mask words m0, ...; NULL words: the item has no option scores, so it is
-    no unit).
+    prediction of the sample (gid, sid, sc_row, sp_row (see ``_mask_identity_sql``), mask words m0,
+    ...; NULL words: the item has no option scores, so it is no unit). Not the strings run_id and
+    ukey (= item_id): they made the rows the mask query materializes and writes several times wider,
+    and only the queries joining the table to units of their own need them, which fetch them by
+    sc_row (``_mask_with_identity``).
 
     The mask depends on the unit set (group, stratum, run_id and unit key of each unit), the seed,
     the repeats and cal_fraction, never on the score: LAC, APS (randomised or not) and coverage_by
@@ -803,11 +804,12 @@ def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     keys of item_id (``_split_keys_source``: computed there if this connection lacks them)."""
     identity = _mask_identity_sql(con, values)
     nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
-    cols = "gid, sid, run_id, ukey, sc_row, sp_row"
-    mask = _inline_mask(con, "lac", values, {}, cols, keep_identity=True)  # units keyed by item_id
+    # units keyed by item_id; the table keeps the two rowids, not the strings run_id and item_id
+    # (see ``_option_mask_table``)
+    mask = _inline_mask(con, "lac", values, {}, "gid, sid, run_id, ukey, sc_row, sp_row")
     return (
         f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
-        f"UNION ALL SELECT {cols}, {nulls} FROM base WHERE NOT has_probs"
+        f"UNION ALL SELECT gid, sid, sc_row, sp_row, {nulls} FROM base WHERE NOT has_probs"
     )
 
 
@@ -849,9 +851,19 @@ def _cached_option_units(
     else:
         gkeys = "gkeys AS (SELECT 1 AS gid)"
     words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
+    scored = _row_relation(con, "scored")
+    # coverage_by: the reported column as the integer code of its value (``cov_keys``), so that the
+    # split groups, materializes and joins an integer, not (often) a string; the summary maps the
+    # codes back (``_COV_DECODE``)
+    cov_keys = (
+        f"{COV_KEYS} AS (SELECT v, row_number() OVER (ORDER BY v) AS code "
+        f"FROM (SELECT DISTINCT {cov} AS v FROM {scored} WHERE sample_index = {sample})),\n"
+        if cov
+        else ""
+    )
     cov_join = (
-        f"\n    JOIN (SELECT rowid AS sc_row, {cov} FROM {_row_relation(con, 'scored')} "
-        f"WHERE sample_index = {sample}) sc ON sc.sc_row = t.sc_row"
+        f"\n    JOIN (SELECT f.rowid AS sc_row, ck.code AS {cov} FROM {scored} f JOIN {COV_KEYS} ck "
+        f"ON ck.v IS NOT DISTINCT FROM f.{cov} WHERE f.sample_index = {sample}) sc ON sc.sc_row = t.sc_row"
         if cov
         else ""
     )
@@ -860,19 +872,47 @@ def _cached_option_units(
         f"{score}_target AS st FROM {_row_relation(con, 'sample_probs')} WHERE sample_index = {sample}"
     )
     return f"""{gkeys},
-probs AS (
+{cov_keys}probs AS (
     {probs}
 ),
 base AS (  -- every prediction of the sample: its group and whether it has option scores
     SELECT t.gid, {values["g_by"]}t.m0 IS NOT NULL AS has_probs FROM {table} t JOIN gkeys g USING (gid)
 ),
 units AS (
-    SELECT t.gid, t.sid, t.run_id, t.ukey, {f"sc.{cov}" if cov else "NULL"} AS cov, pr.ss, pr.st,
+    SELECT t.gid, t.sid, {f"sc.{cov}" if cov else "NULL"} AS cov, pr.ss, pr.st,
            NOT pr.has_target AS target_unscored, {words}
     FROM {table} t
     JOIN probs pr ON pr.sp_row = t.sp_row{cov_join}
     WHERE t.m0 IS NOT NULL
 )"""
+
+
+def _mask_with_identity(
+    con: duckdb.DuckDBPyConnection, table: str, values: dict, units_only: bool = False
+) -> str:
+    """The option units' mask table ``table`` with each row's run_id and ukey (= item_id), for the
+    queries that join it to units of their own (randomised APS, the sampling pools): the table holds
+    the rowid ``sc_row`` of the prediction's ``scored`` row, not the strings (they made the mask's
+    rows several times wider), so they are fetched by that integer; ``units_only``: only the rows
+    that are units (mask words not NULL)."""
+    where = " WHERE mk.m0 IS NOT NULL" if units_only else ""
+    scored = _row_relation(con, "scored")
+    return (
+        f"(SELECT mk.*, sc.run_id, sc.item_id AS ukey FROM {table} mk JOIN (SELECT rowid AS sc_row, run_id, "
+        f"item_id FROM {scored} WHERE sample_index = {values['sample_index']}) sc USING (sc_row){where})"
+    )
+
+
+# the CTE of the integer codes of coverage_by's column (``_cached_option_units``): value v, code
+COV_KEYS = "cov_keys"
+
+
+def _cov_decode(coded: bool) -> dict[str, str]:
+    """Template values of ``conf_coverage_by.sql`` that give the reported value of a unit's ``cov``:
+    decoded from ``COV_KEYS`` where the units carry its integer code, else ``cov`` itself."""
+    if coded:
+        return {"cov_value": "any_value(ck.v)", "cov_join": f"\nLEFT JOIN {COV_KEYS} ck ON ck.code = ts.cov"}
+    return {"cov_value": "ts.cov", "cov_join": ""}
 
 
 # the extra result column of a sampling query that reads the option units' mask table: whether its
@@ -905,9 +945,10 @@ def _query(
     run_id and item_id of each unit), so where the pools are exactly the option units (every
     prediction of the sample has option scores and every pool one target, as in a store of scored
     MCQ runs) it is the same mask. Whether they are is checked in the same query: every pool joins a
-    mask unit with equal (gid, sid, run_id, item_id), both sides being unique on (run_id, item_id),
-    and the two counts are equal; the result then has the column ``_MASK_OK`` (see ``_run_query``,
-    which computes the inline mask instead where it is false)."""
+    mask unit with equal (run_id, item_id), both sides being unique on (run_id, item_id), and equal
+    (gid, sid) (compared after the join, see below), and the two counts are equal; the result then
+    has the column ``_MASK_OK`` (see ``_run_query``, which computes the inline mask instead where it
+    is false)."""
     values = _common(by, params)
     fixed = _fixed(con)  # one look at the catalog: rendering below creates no base relation
     # LAC and plain APS on fixed base relations build their units on the shared mask table
@@ -925,12 +966,22 @@ def _query(
         assert con is not None
         shared = _existing_option_mask(con, values)
     if shared is not None:
-        mask_units = f"(SELECT * FROM {shared} WHERE m0 IS NOT NULL)"
-        units_m = joined.format(words=words, table=mask_units)
+        # joined on (run_id, ukey) alone, each pool's (gid, sid) compared with its mask unit's in the
+        # check: with the four keys in the join, DuckDB joined the grouping strings instead of gid
+        # (through gkeys), which took most of the metric's time
+        mask_units = _mask_with_identity(con, shared, values, units_only=True)
+        units_m = (
+            f"SELECT u.*, {words}u.gid = mk.gid AND u.sid = mk.sid AS same_gs, g.m AS m_top FROM units u "
+            f"JOIN {mask_units} mk ON mk.run_id = u.run_id AND mk.ukey = u.ukey "
+            "JOIN group_n g ON g.gid = u.gid"
+        )
+        # the pools counted from `strata` (the split's count of `units` per group and stratum), not by
+        # another scan of the pools
         check = (
             "mask_check AS (  -- the pools are exactly the units of the shared mask table\n"
-            "    SELECT (SELECT count(*) FROM units) = (SELECT count(*) FROM units_m)\n"
-            f"       AND (SELECT count(*) FROM units) = (SELECT count(*) FROM {mask_units}) AS ok\n),\n"
+            "    SELECT n = (SELECT count_if(same_gs) FROM units_m)\n"
+            f"       AND n = (SELECT count(*) FROM {shared} WHERE m0 IS NOT NULL) AS ok\n"
+            "    FROM (SELECT coalesce(sum(n_stratum), 0) AS n FROM strata)\n),\n"
         )
     elif not fixed or score == "sampling":
         mask_ctes = _inline_mask(con, score, values, params)
@@ -939,7 +990,7 @@ def _query(
         assert con is not None
         table = _option_mask_table(con, values)
         if not cached:  # randomised APS: its own units, joined to the mask table
-            units_m = joined.format(words=words, table=table)
+            units_m = joined.format(words=words, table=_mask_with_identity(con, table, values))
         else:
             units = _cached_option_units(con, table, score, values, cov)
             units_m = "SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)"
@@ -949,7 +1000,13 @@ def _query(
         ok = "(SELECT ok FROM mask_check)"
         # the coverage_by summary's SELECT is a GROUP BY
         check_col = f", {f'any_value({ok})' if summary == 'conf_coverage_by.sql' else ok} AS {_MASK_OK}"
-    rendered = _render(summary, mask_check_col=check_col, **values, **summary_values)
+    rendered = _render(
+        summary,
+        mask_check_col=check_col,
+        **_cov_decode(cached and cov is not None),
+        **values,
+        **summary_values,
+    )
     return f"WITH {units},\n{mask_ctes}{split},\n{check}{rendered}"
 
 

@@ -1,8 +1,8 @@
 -- The calibration mask of split conformal: for every unit of `mask_units` (defined before this
 -- fragment: gid, sid, run_id, ukey and any other columns, which are passed through) and every one of
 -- the {repeats} random splits, whether the unit is calibration (bit set) or test. Composed by
--- conformal.py (a list of CTEs, no WITH); `unit_mask` is the result: the columns of `mask_units` plus
--- UBIGINT words m0, m1, ... (bit r % 64 of word r // 64 = calibration in repeat r, so any number of
+-- conformal.py (a list of CTEs, no WITH); `unit_mask` is the result: the columns of `mask_units`
+-- but run_id and ukey, plus UBIGINT words m0, m1, ... (bit r % 64 of word r // 64 = calibration in repeat r, so any number of
 -- repeats fits). It depends on nothing but the units (group, stratum, run_id, unit key), the seed,
 -- the repeats and cal_fraction, never on a score: conformal.py computes it once per connection and
 -- unit set and shares it between LAC, APS and coverage_by when the base relations are fixed.
@@ -56,23 +56,24 @@ mask_strata AS (
                     GROUP BY gid, sid))
     ))
 ),
--- the units with their hashes, uid and stratum; the strings run_id and ukey are dropped here unless
--- the caller keeps them (the shared mask table is joined on them): every later step reads uid
+-- the units with their hashes, uid and stratum; the strings run_id and ukey are dropped here: every
+-- later step reads uid (materialized rows without them are much narrower)
 units_h AS (
-    SELECT {units_h_cols}, s.skey, s.lo, s.hi, k.* EXCLUDE (ukey, uk), k.uk * r.nr + r.rk AS uid
+    SELECT u.* EXCLUDE (run_id, ukey), s.skey, k.* EXCLUDE (ukey, uk), k.uk * r.nr + r.rk AS uid
     FROM mask_units u
     JOIN split_keys k USING (ukey)
     JOIN run_ids r USING (run_id)
     JOIN mask_strata s USING (gid, sid)
 ),
--- per stratum and repeat, every repeat side by side in one scan of the units (no join: lo and hi
--- are on every unit's row): how many keys lie below lo, and the keys inside the guessed window
+-- per stratum and repeat, every repeat side by side in one scan of the units (lo and hi joined by
+-- skey here, not carried on every materialized unit row): how many keys lie below lo, and the keys inside the guessed window
 -- [lo, hi) (a few % of the stratum) as one UHUGEINT h * 2**64 + uid each (the same order as
 -- (h, uid)), sorted; the keys below hi are the two counts together (lo <= hi)
 window_cut AS (
     SELECT skey, {below},
            {window_lists}
     FROM units_h
+    JOIN (SELECT skey, lo, hi FROM mask_strata) USING (skey)
     GROUP BY skey
 ),
 -- the window of every repeat, checked: below lo there must be fewer than n_cal keys (else lo = 0),
@@ -105,7 +106,7 @@ cut_cols AS (
 -- per unit: calibration in repeat r iff (h_r, uid) <= (ch_r, cu_r); a stratum without calibration
 -- units has no cutoff (NULL: every bit clear)
 unit_mask AS (
-    SELECT u.* EXCLUDE (skey, lo, hi, uid, {hash_names}), {mask_words}
+    SELECT u.* EXCLUDE (skey, uid, {hash_names}), {mask_words}
     FROM units_h u
     LEFT JOIN cut_cols c USING (skey)
 )
