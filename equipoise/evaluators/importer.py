@@ -296,12 +296,27 @@ def _parse_jsonl(path: Path) -> pyarrow.Table:
             )
             strict = pyarrow.json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
             with pyarrow.OSFile(str(path)) as f:
-                return pyarrow.json.read_json(f, parse_options=strict)
+                return pyarrow.json.read_json(f, parse_options=strict, memory_pool=_parse_pool())
         except pyarrow.ArrowException:
             pass  # whatever the sample did not foresee: the inferring parse below decides
     del sample
     with pyarrow.OSFile(str(path)) as f:
-        return pyarrow.json.read_json(f, parse_options=infer)
+        return pyarrow.json.read_json(f, parse_options=infer, memory_pool=_parse_pool())
+
+
+def _parse_pool() -> pyarrow.MemoryPool:
+    """The Arrow memory pool the JSON parse allocates from: jemalloc where this pyarrow has it.
+
+    Why not the default (mimalloc in the wheels): the parser fills many short-lived block buffers,
+    and mimalloc hands their pages back to the kernel and faults fresh zeroed ones in for the next
+    blocks; at 1M records (452 MB) the kernel's page zeroing was about 15% of the parse's profile.
+    jemalloc reuses the freed blocks: the parse measured 2.28-2.49 CPU-s against mimalloc's
+    2.72-2.92 (same file, same schema, back to back). The table it returns lives in that pool; the
+    pool is process-wide and never freed, so that is safe."""
+    try:
+        return pyarrow.jemalloc_memory_pool()
+    except NotImplementedError:  # a pyarrow built without jemalloc
+        return pyarrow.default_memory_pool()
 
 
 def _null_may_be_ambiguous(table: pyarrow.Table) -> bool:
