@@ -295,8 +295,14 @@ def _parse_jsonl(path: Path) -> pyarrow.Table:
                 ]
             )
             strict = pyarrow.json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
+            # the streaming reader, not read_json: with every type fixed they parse alike, but
+            # it converts and frees each block as it goes where read_json keeps the raw blocks
+            # until the end (1M records, parse alone, alternated four times under load: 2.23-2.30
+            # CPU-s and about 405 MiB peak RSS against 2.47-2.50 and 500 MiB). It cannot stand
+            # in for the inferring parse below: it fixes the types on the first block
             with pyarrow.OSFile(str(path), memory_pool=_parse_pool()) as f:
-                return pyarrow.json.read_json(f, parse_options=strict, memory_pool=_parse_pool())
+                reader = pyarrow.json.open_json(f, parse_options=strict, memory_pool=_parse_pool())
+                return reader.read_all()
         except pyarrow.ArrowException:
             pass  # whatever the sample did not foresee: the inferring parse below decides
     del sample
