@@ -318,11 +318,14 @@ def _parse_pool() -> pyarrow.MemoryPool:
     blocks read from the file, the parser's scratch), and mimalloc hands their pages back to the
     kernel and faults fresh zeroed ones in for the next blocks; at 1M records (452 MB) the kernel's
     page zeroing was 13-15% of the parse's profile. jemalloc reuses the freed buffers. Measured on
-    that file under load (CPU-s, peak RSS of the parse alone): every buffer in the default pool
+    that file with ``read_json`` under load (CPU-s, peak RSS of the parse alone; the streaming
+    reader used now takes less of both, see :func:`_parse_jsonl`): every buffer in the default pool
     2.72-3.26 and 517-673 MiB; the parse in jemalloc but the reads in the default pool 2.36-2.75
     and 629-834 MiB; both in jemalloc (this) 2.39-2.42 and 499-512 MiB. A memory-mapped file
     measured 2.16-2.29 CPU-s but 838-846 MiB (the mapped pages stay resident until the parse
-    ends), so the file is still streamed. The table it returns lives in that pool; the pool is
+    ends), so the file is still streamed. With the streaming reader, one ``import_bench.py``
+    run each: 5.85 CPU-s for the whole import with this pool, 6.29 with the default one. The
+    table it returns lives in that pool; the pool is
     process-wide and never freed, so that is safe."""
     try:
         return pyarrow.jemalloc_memory_pool()
