@@ -559,3 +559,41 @@ def test_a_file_without_token_logprobs_writes_what_the_checked_path_writes(nota,
     finally:
         con.close()
     assert stored["predictions"] and tokens == [(7,), (None,)]
+
+
+def test_constant_run_columns_are_told_apart_from_varying_ones():
+    """The run keys are grouped only on the run columns that are not constant: a column is
+    constant when all null, or null-free with every value equal (NaN never equals itself),
+    across chunks and dictionary chunks alike."""
+    from equipoise.evaluators.importer import _constant
+
+    assert _constant(pa.chunked_array([pa.array(["a", "a"]), pa.array(["a"])]))
+    assert not _constant(pa.chunked_array([pa.array(["a", "a"]), pa.array(["b"])]))
+    assert _constant(pa.chunked_array([pa.array([None, None], pa.float64())]))
+    assert not _constant(pa.chunked_array([pa.array([0.7, None])]))
+    assert not _constant(pa.chunked_array([pa.array([None, 0.7])]))
+    assert not _constant(pa.chunked_array([pa.array([float("nan"), float("nan")])]))
+    assert _constant(pa.chunked_array([pa.array([0.3, 0.3])]))
+    dicts = [pa.array(v).dictionary_encode() for v in (["x", "x"], ["y", "x"])]
+    assert not _constant(pa.chunked_array(dicts))
+    assert _constant(pa.chunked_array([dicts[0], pa.array(["x"]).dictionary_encode()]))
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_run_keys_with_every_column_constant_or_one_varying(nota, tmp_path, fmt):
+    """Grouping the run keys on the varying columns only writes what the record path writes: a
+    file whose every run column is constant (a temperature given in all records), and one whose
+    only varying run column is the temperature (one run per value)."""
+    for name, temps in (("all_constant", [0.5] * 10), ("temperature_varies", [0.5] * 5 + [0.25] * 5)):
+        recs = [dict(r, temperature=t) for r, t in zip(_records(nota), temps, strict=True)]
+        folder = tmp_path / f"{name}_{fmt}"
+        folder.mkdir()
+        if fmt == "jsonl":
+            f = _write_jsonl(folder / "p.jsonl", recs)
+        else:
+            f = folder / "p.parquet"
+            rows = [{k: v for k, v in r.items() if k != "option_logprobs"} for r in recs]
+            pq.write_table(pa.Table.from_pylist(rows), f)
+        stored = _columnar_equals_record_path(nota, folder, f)
+        runs = {row[0] for row in stored["predictions"]}
+        assert len(runs) == len(set(temps))

@@ -295,13 +295,42 @@ def _parse_jsonl(path: Path) -> pyarrow.Table:
                 ]
             )
             strict = pyarrow.json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error")
-            with pyarrow.OSFile(str(path)) as f:
-                return pyarrow.json.read_json(f, parse_options=strict)
+            # the streaming reader, not read_json: with every type fixed they parse alike, but
+            # it converts and frees each block as it goes where read_json keeps the raw blocks
+            # until the end (1M records, parse alone, alternated four times under load: 2.23-2.30
+            # CPU-s and about 405 MiB peak RSS against 2.47-2.50 and 500 MiB). It cannot stand
+            # in for the inferring parse below: it fixes the types on the first block
+            with pyarrow.OSFile(str(path), memory_pool=_parse_pool()) as f:
+                reader = pyarrow.json.open_json(f, parse_options=strict, memory_pool=_parse_pool())
+                return reader.read_all()
         except pyarrow.ArrowException:
             pass  # whatever the sample did not foresee: the inferring parse below decides
     del sample
-    with pyarrow.OSFile(str(path)) as f:
-        return pyarrow.json.read_json(f, parse_options=infer)
+    with pyarrow.OSFile(str(path), memory_pool=_parse_pool()) as f:
+        return pyarrow.json.read_json(f, parse_options=infer, memory_pool=_parse_pool())
+
+
+def _parse_pool() -> pyarrow.MemoryPool:
+    """The Arrow memory pool the JSON parse allocates from, the file's read buffers included:
+    jemalloc where this pyarrow has it.
+
+    Why not the default (mimalloc in the wheels): the parse fills many short-lived buffers (the
+    blocks read from the file, the parser's scratch), and mimalloc hands their pages back to the
+    kernel and faults fresh zeroed ones in for the next blocks; at 1M records (452 MB) the kernel's
+    page zeroing was 13-15% of the parse's profile. jemalloc reuses the freed buffers. Measured on
+    that file with ``read_json`` under load (CPU-s, peak RSS of the parse alone; the streaming
+    reader used now takes less of both, see :func:`_parse_jsonl`): every buffer in the default pool
+    2.72-3.26 and 517-673 MiB; the parse in jemalloc but the reads in the default pool 2.36-2.75
+    and 629-834 MiB; both in jemalloc (this) 2.39-2.42 and 499-512 MiB. A memory-mapped file
+    measured 2.16-2.29 CPU-s but 838-846 MiB (the mapped pages stay resident until the parse
+    ends), so the file is still streamed. With the streaming reader, one ``import_bench.py``
+    run each: 5.85 CPU-s for the whole import with this pool, 6.29 with the default one. The
+    table it returns lives in that pool; the pool is
+    process-wide and never freed, so that is safe."""
+    try:
+        return pyarrow.jemalloc_memory_pool()
+    except NotImplementedError:  # a pyarrow built without jemalloc
+        return pyarrow.default_memory_pool()
 
 
 def _null_may_be_ambiguous(table: pyarrow.Table) -> bool:
@@ -432,6 +461,12 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
     # window over the whole file, and a numpy range costs nothing
     table = table.append_column("rn", pyarrow.array(np.arange(1, table.num_rows + 1, dtype=np.int64)))
     con.register("_imp", table)  # read in place (Arrow scan), never copied into a DuckDB table
+    # the run columns holding one value (or only nulls) in the whole file, as a one-row table: the
+    # run keys are then grouped on the others only (hashing a 64-character dataset id a million
+    # times to find one group cost about 0.15 of the 0.25 CPU-s of the grouping at 1M records)
+    const = [c for c in _RUN_KEY if _constant(table[c])]
+    if const:
+        con.register("_imp_const", table.select(const).slice(0, 1))
     try:
         # a file without token log-probabilities (tl all null) spares every row the list functions
         # and a file that gives every parsed_label (the column's null count, known without a scan)
@@ -442,21 +477,39 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
             tokens=table["tl"].null_count < table.num_rows,
             unparsed=table["parsed_label"].null_count > 0,
             rows=table.num_rows,
+            const=const,
         )
     except duckdb.Error:
         return None  # anything DuckDB refuses is left to the checked path to name
     finally:
         con.unregister("_imp")
-        for name in ("_imp_runs", "_imp_pairs", "_imp_parsed"):
+        for name in ("_imp_const", "_imp_runs", "_imp_pairs", "_imp_parsed"):
             con.unregister(name)
         con.execute("DROP TABLE IF EXISTS _imp_keys; DROP TABLE IF EXISTS _imp_rows")
+
+
+def _constant(col: pyarrow.ChunkedArray) -> bool:
+    """Whether ``col`` holds one value throughout: all null, or no null and every value equal to
+    the first (a float column with a NaN is never constant: NaN is unequal to itself, so such a
+    column is grouped like any other)."""
+    if col.null_count == len(col):
+        return True
+    if col.null_count:
+        return False
+    return bool(pyarrow.compute.all(pyarrow.compute.equal(col, col[0])).as_py())
 
 
 _PAIR_SCANS = 16  # above this many (dataset, config) pairs, one scan of options for all of them
 
 
 def _fast_checked(
-    con: duckdb.DuckDBPyConnection, labels: list[str], *, tokens: bool, unparsed: bool, rows: int
+    con: duckdb.DuckDBPyConnection,
+    labels: list[str],
+    *,
+    tokens: bool,
+    unparsed: bool,
+    rows: int,
+    const: list[str],
 ) -> ImportSummary | None:
     """The set checks and the bulk write of :func:`_fast_import` (``_imp`` is the parsed file, of
     ``rows`` records: the caller's count of the table it registered, not counted again here).
@@ -465,7 +518,9 @@ def _fast_checked(
     loop; tests feed both paths the same crafted files. Checks that depend only on the run
     columns run once per distinct run key, not once per record. ``tokens``: whether any record
     has token log-probabilities (when none has, the token columns are written as NULL directly);
-    ``unparsed``: whether any record has no ``parsed_label`` (only those go through the parser)."""
+    ``unparsed``: whether any record has no ``parsed_label`` (only those go through the parser);
+    ``const``: the run columns with one value in the whole file, registered as the one-row
+    ``_imp_const``."""
     lp = [f"lp_{i}" for i in range(len(labels))]
     row_ok = " AND ".join(
         [
@@ -481,10 +536,15 @@ def _fast_checked(
     # path names runs in); the per-run field rules are checked on these few rows. The per-record
     # rules above are counted by the same scan (per key: one pass over the records, not two)
     cols = ", ".join(_RUN_KEY)
+    # grouped on the run columns that are not constant, joined to the one row of those that are
+    # (``const``): the same keys as grouping on all of them (with none varying, GROUP BY ALL over
+    # aggregates alone gives one row: the one key)
+    grouped = "".join(f"{c}, " for c in _RUN_KEY if c not in const)
     con.execute(
         f"""CREATE OR REPLACE TEMP TABLE _imp_keys AS
-            SELECT {cols}, min(rn) AS first, count(*) FILTER (WHERE NOT ({row_ok})) AS bad_rows
-            FROM _imp GROUP BY ALL"""
+            SELECT {cols}, first, bad_rows FROM (
+                SELECT {grouped}min(rn) AS first, count(*) FILTER (WHERE NOT ({row_ok})) AS bad_rows
+                FROM _imp GROUP BY ALL) {"CROSS JOIN _imp_const" if const else ""}"""
     )
     if _one(
         con,
