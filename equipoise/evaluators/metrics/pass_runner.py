@@ -70,9 +70,9 @@ DEFAULT_JOBS = 2
 HEAVY_GROUPS: tuple[str, ...] = ("conformal",)
 
 # scheduling weight of each light group: its metrics' share of a sequential pass, in seconds at 1M
-# predictions (each metric's registry.write_result, one after the other, on the stop-22 code). Only the order lanes take groups in follows
-# from it (heaviest first, so that no lane is left with a long group at the end); a group not
-# listed weighs 0 and is taken last.
+# predictions (each metric's registry.write_result, one after the other, on the stop-22 code). Only
+# the order lanes take groups in follows from it (heaviest first, so that no lane is left with a
+# long group at the end); a group not listed weighs 0 and is taken last.
 GROUP_WEIGHTS: dict[str, float] = {
     "calibration": 0.88,
     "robustness": 0.61,
