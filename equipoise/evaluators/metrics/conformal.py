@@ -62,7 +62,9 @@ APS build their units on it, fetching each unit's scores (and coverage_by its co
 the table holds, not by a join on the string keys (run_id, item_id); otherwise (views, and the
 sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
 the pass already holds it and the pools are exactly its units (checked in the same query; see
-``_query``), which in a store of scored MCQ runs they are.
+``_query``), which in a store of scored MCQ runs they are. The thresholds q_hat of LAC and plain APS
+on that table are likewise a TEMP table per score and alpha (``_threshold_table``), so coverage_by
+with score 'lac' and conformal_lac compute them once.
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -903,6 +905,44 @@ def _mask_with_identity(
     )
 
 
+# the split's own threshold CTE (``conf_split.sql``): per group and repeat n_cal, k_order, q_hat
+_OWN_THRESHOLDS = "thr_own"
+
+
+def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict) -> str:
+    """The TEMP table of the LAC / plain APS thresholds on the shared mask table ``mask`` (rows of
+    ``conf_split.sql``'s ``thr_own``: gid, rep, n_cal, k_order, q_hat), computed here if missing.
+
+    Why: q_hat depends on the units' group, stratum, calibration mask and target score and on alpha,
+    never on coverage_by's column, so conformal_lac and conformal_coverage_by (score 'lac', run on
+    the same connection) need the same thresholds, and the first to run computes them for both (the
+    query reads only the target score and mask words of each unit, a narrow join). The name is a hash
+    of everything they depend on: the mask table's name (itself a hash of the relations read, the
+    unit set and the split), the score and alpha; the SQL is fixed for the process (the table is
+    TEMP)."""
+    key = [mask, score, values["alpha_num"], values["alpha_den"]]
+    table = "_conf_thr_" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    if table in temp_tables(con):
+        return table
+    sample = values["sample_index"]
+    words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
+    # the split's columns the threshold CTEs do not read are typed constants (they are bound, not run)
+    units = (
+        f"units AS (\n    SELECT t.gid, t.sid, NULL::INTEGER AS cov, NULL::DOUBLE[] AS ss, pr.st, {words}\n"
+        f"    FROM {mask} t\n    JOIN (SELECT rowid AS sp_row, {score}_target AS st FROM "
+        f"{_row_relation(con, 'sample_probs')} WHERE sample_index = {sample}) pr ON pr.sp_row = t.sp_row\n"
+        "    WHERE t.m0 IS NOT NULL\n)"
+    )
+    split = _render(
+        "conf_split.sql",
+        units_m_sql="SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)",
+        thr_q_sql=f"SELECT * FROM {_OWN_THRESHOLDS}",
+        **values,
+        **_split_extra(score, values["repeats"]),
+    )
+    return cached_table(con, table, f"WITH {units},\n{split}\nSELECT * FROM {_OWN_THRESHOLDS}")
+
+
 # the CTE of the integer codes of coverage_by's column (``_cached_option_units``): value v, code
 COV_KEYS = "cov_keys"
 
@@ -962,6 +1002,7 @@ def _query(
         "JOIN group_n g USING (gid)"
     )
     mask_ctes, check, shared = "", "", None
+    thr_q_sql = f"SELECT * FROM {_OWN_THRESHOLDS}"
     if share_mask and fixed and _pooled(score, params):
         assert con is not None
         shared = _existing_option_mask(con, values)
@@ -993,8 +1034,17 @@ def _query(
             units_m = joined.format(words=words, table=_mask_with_identity(con, table, values))
         else:
             units = _cached_option_units(con, table, score, values, cov)
-            units_m = "SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)"
-    split = _render("conf_split.sql", units_m_sql=units_m, **values, **_split_extra(score, values["repeats"]))
+            # the thresholds from the connection's shared table (computed there if missing): the
+            # split's own threshold CTEs are then not referenced, and units_m needs no m_top
+            thr_q_sql = f"SELECT * FROM {_threshold_table(con, table, score, values)}"
+            units_m = "SELECT u.*, NULL::BIGINT AS m_top FROM units u"
+    split = _render(
+        "conf_split.sql",
+        units_m_sql=units_m,
+        thr_q_sql=thr_q_sql,
+        **values,
+        **_split_extra(score, values["repeats"]),
+    )
     check_col = ""
     if shared is not None:
         ok = "(SELECT ok FROM mask_check)"

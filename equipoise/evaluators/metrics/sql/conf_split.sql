@@ -95,11 +95,18 @@ cal_top AS (
     UNION ALL
     SELECT gid, rep, n_scores, top FROM cal_full
 ),
-thr_q AS (
+thr_own AS (
     SELECT t.gid, t.rep, t.n_cal, t.k_order::BIGINT AS k_order,
            CASE WHEN t.k_order <= c.n_scores THEN c.top[(c.n_scores - t.k_order + 1)::BIGINT] END AS q_hat
     FROM thr t
     LEFT JOIN cal_top c USING (gid, rep)
+),
+-- per group and repeat: n_cal, k and q_hat, computed above (thr_own), or read from a connection's
+-- TEMP table holding thr_own's rows for the same units, mask, score and alpha (conformal.py,
+-- ``_threshold_table``: LAC and coverage_by share them); then the CTEs above are not referenced,
+-- and not run
+thr_q AS (
+    {thr_q_sql}
 ),
 -- one row per group: the thresholds of its repeats as columns q_0 ... (NULL q_hat = the full set:
 -- +infinity, above every score), and their range [q_lo, q_hi]
