@@ -129,6 +129,9 @@ _MAX_DEN = 10**6
 # exercise that path
 WINDOW_SD = 6
 WINDOW_PAD = 16
+# buckets of [0, 1] counted for the band floor of the thresholds (``conf_split.sql``, ``bands``): only
+# speed depends on it (more buckets: a band closer to its target size, more rows to count)
+BAND_BUCKETS = 256
 # bits of a mask word per slice of the test sums (``conf_split.sql``, ``test_slices``): the units are
 # grouped once per slice, by the slice's value (2**SLICE_BITS of them); a power of two, so that a
 # slice never straddles two words. Only speed depends on it (fewer, larger groupings vs more, smaller)
@@ -274,6 +277,7 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
         "sample_index": _int(params, "sample_index", 0),
         "win_sd": float(WINDOW_SD),
         "win_pad": float(WINDOW_PAD),
+        "band_buckets": BAND_BUCKETS,
     }
 
 

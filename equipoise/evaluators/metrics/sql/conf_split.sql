@@ -42,24 +42,35 @@ thr AS (
 ),
 -- q_hat = the k-th smallest non-NULL calibration target score (NULL when k > their number n): the
 -- (n - k + 1)-th largest, read from the descending scores of the calibration units whose target
--- score is >= the group's band floor b, instead of sorting all n_cal of them: b = the T-th largest
--- target score of the group, T = (m + WINDOW_SD sqrt(m) + WINDOW_PAD) * N / n_cal, so that about
--- m + a few sd of the units above b calibrate in each repeat (NULL: no floor). The band's units are
+-- score is >= the group's band floor b, instead of sorting all n_cal of them. b: the lower edge of
+-- the bucket (of {band_buckets} equal buckets of [0, 1]; scores below 0 in the first, at or above 1
+-- and NaN in the last) that holds the T-th largest target score of the group, T = (m + WINDOW_SD
+-- sqrt(m) + WINDOW_PAD) * N / n_cal, so that about m + a few sd of the units above b calibrate in
+-- each repeat (NULL: fewer than T scores, no floor). Counted per bucket, not read from a sort of
+-- every score (which took about a third of the thresholds' time): the bucket's other units only
+-- widen the band a little. The band's units are
 -- listed and sorted ONCE per group (score and mask words), and each repeat's list is that sorted
 -- list filtered by the repeat's mask bit (still sorted): one aggregate per group, not one filtered
 -- bounded heap (max(x, m)) per repeat, which cost about twice as much. Checked: where some repeat
 -- has fewer than n - k + 1 calibration scores >= b, q_hat might lie below b, and that group's
--- q_hat are taken from heaps over all its units (cal_full: rare, m_top = m bounds them).
+-- q_hat are taken from heaps over all its units (cal_full: rare, m_top = m bounds them); so q_hat
+-- never depends on b, only the speed does.
 bands AS (
-    SELECT u.gid,
-           CASE WHEN any_value(g.n_cal) > 0 THEN
-               list_sort(list(u.st) FILTER (WHERE u.st IS NOT NULL), 'DESC')[
-                   greatest(ceil((any_value(g.m) + {win_sd} * sqrt(any_value(g.m)) + {win_pad})
-                                 * any_value(g.n_units) / any_value(g.n_cal)), 1)::BIGINT]
-           END AS b
-    FROM units_m u
-    JOIN group_n g USING (gid)
-    GROUP BY u.gid
+    SELECT g.gid,
+           CASE WHEN g.n_cal > 0 THEN
+               max(h.bucket) FILTER (WHERE h.above >= greatest(ceil((g.m + {win_sd} * sqrt(g.m) + {win_pad})
+                                                                    * g.n_units / g.n_cal), 1))
+           END / {band_buckets}.0 AS b
+    FROM group_n g
+    LEFT JOIN (  -- per bucket: the scores in it or above (above)
+        SELECT gid, bucket, sum(c) OVER (PARTITION BY gid ORDER BY bucket DESC) AS above
+        FROM (SELECT gid, CASE WHEN st >= 1 THEN {band_buckets} WHEN st > 0 THEN floor(st * {band_buckets})::INTEGER
+                               ELSE 0 END AS bucket, count(*) AS c
+              FROM units_m
+              WHERE st IS NOT NULL
+              GROUP BY gid, bucket)
+    ) h USING (gid)
+    GROUP BY g.gid, g.n_cal, g.m, g.n_units
 ),
 cal_band AS (  -- the calibration units with a target score >= b: how many, and their scores, descending
     SELECT gid, rep, len(top) AS n_band, top
