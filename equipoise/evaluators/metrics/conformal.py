@@ -941,10 +941,31 @@ def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
         "conf_split.sql",
         units_m_sql="SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)",
         thr_q_sql=f"SELECT * FROM {_OWN_THRESHOLDS}",
+        test_rep_sql=f"SELECT * FROM {_OWN_TEST_REP}",
         **values,
         **_split_extra(score, values["repeats"]),
     )
     return cached_table(con, table, f"WITH {units},\n{split}\nSELECT * FROM {_OWN_THRESHOLDS}")
+
+
+# the split's own per-repeat test sums (``conf_split.sql``): per group, coverage_by value and repeat
+_OWN_TEST_REP = "test_rep_own"
+
+
+def _test_rep_prefix(mask: str, score: str, values: dict) -> str:
+    """The name prefix of the TEMP tables of coverage_by's per-value test sums (rows of
+    ``conf_split.sql``'s ``test_rep_own``: gid, cov, rep, n, sz, cv, em) on the shared mask table
+    ``mask``; a table is this prefix, '_' and the coverage_by column (``_query`` makes and reads them).
+
+    Why: the test sums are integer counts over the test units, so a group's sums (what
+    conformal_lac / plain APS report from) are exactly the sums over the coverage_by values of
+    coverage_by's rows for the same units, mask, thresholds and score lists, whichever column
+    it reported by (its values partition the units). coverage_by runs before conformal_lac on a pass
+    connection (name order), which then reads them instead of scanning every unit again. They
+    depend on what the thresholds depend on (the mask table, the score and alpha) and, through the
+    score lists, on nothing else: the sample is part of the mask table's name."""
+    key = ["test_rep", mask, score, values["alpha_num"], values["alpha_den"]]
+    return "_conf_trep_" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
 
 
 # the CTE of the integer codes of coverage_by's column (``_cached_option_units``): value v, code
@@ -1007,6 +1028,7 @@ def _query(
     )
     mask_ctes, check, shared = "", "", None
     thr_q_sql = f"SELECT * FROM {_OWN_THRESHOLDS}"
+    test_rep_sql, kept_test_rep = f"SELECT * FROM {_OWN_TEST_REP}", None
     if share_mask and fixed and _pooled(score, params):
         assert con is not None
         shared = _existing_option_mask(con, values)
@@ -1042,13 +1064,32 @@ def _query(
             # split's own threshold CTEs are then not referenced, and units_m needs no m_top
             thr_q_sql = f"SELECT * FROM {_threshold_table(con, table, score, values)}"
             units_m = "SELECT u.*, NULL::BIGINT AS m_top FROM units u"
-    split = _render(
-        "conf_split.sql",
-        units_m_sql=units_m,
-        thr_q_sql=thr_q_sql,
-        **values,
-        **_split_extra(score, values["repeats"]),
-    )
+            prefix = _test_rep_prefix(table, score, values)
+            if cov is not None:  # coverage_by: its per-value test sums, kept for LAC / APS
+                kept_test_rep = f"{prefix}_{cov}"
+                test_rep_sql = f"SELECT * FROM {kept_test_rep}"
+            else:
+                found = sorted(t for t in temp_tables(con) if t.startswith(f"{prefix}_"))
+                if found:  # any coverage_by column: its values partition the group's test units
+                    test_rep_sql = (
+                        "SELECT gid, NULL AS cov, rep, sum(n)::BIGINT AS n, sum(sz)::BIGINT AS sz, "
+                        f"sum(cv)::BIGINT AS cv, sum(em)::BIGINT AS em FROM {found[0]} GROUP BY gid, rep"
+                    )
+
+    def split_with(test_rep: str) -> str:
+        return _render(
+            "conf_split.sql",
+            units_m_sql=units_m,
+            thr_q_sql=thr_q_sql,
+            test_rep_sql=test_rep,
+            **values,
+            **_split_extra(score, values["repeats"]),
+        )
+
+    split = split_with(test_rep_sql)
+    if kept_test_rep is not None and kept_test_rep not in temp_tables(con):
+        own = split_with(f"SELECT * FROM {_OWN_TEST_REP}")
+        cached_table(con, kept_test_rep, f"WITH {units},\n{mask_ctes}{own}\nSELECT * FROM {_OWN_TEST_REP}")
     check_col = ""
     if shared is not None:
         ok = "(SELECT ok FROM mask_check)"

@@ -195,13 +195,20 @@ test_border AS (
           GROUP BY gid, cov)
 ),
 -- per group, coverage_by value and repeat (a repeat without test units there has n = 0)
-test_rep AS (
+test_rep_own AS (
     SELECT t.gid, t.cov, r.rep, {test_rep_cols}
     FROM test_tot t
     CROSS JOIN rep_bits r  -- one row per repeat
     LEFT JOIN test_cal c ON c.gid = t.gid AND c.cov IS NOT DISTINCT FROM t.cov AND c.rep = r.rep
     LEFT JOIN test_bu bu ON bu.gid = t.gid AND bu.cov IS NOT DISTINCT FROM t.cov AND bu.rep = r.rep
     LEFT JOIN test_border bo ON bo.gid = t.gid AND bo.cov IS NOT DISTINCT FROM t.cov AND bo.rep = r.rep
+),
+-- test_rep_own's rows, or, for conformal_lac / plain APS, the sums over the coverage_by values of the
+-- rows a coverage_by query kept for the same units, mask, score and alpha (conformal.py,
+-- ``_test_rep_prefix``): integer counts, so the sums are exactly the per-group counts; the CTEs above
+-- are then not referenced, and not run
+test_rep AS (
+    {test_rep_sql}
 ),
 per_rep AS (  -- per group and repeat with test units: the means over its test units
     SELECT gid, rep, sum(n)::BIGINT AS n_test, sum(sz)::DOUBLE / sum(n) AS set_size,
