@@ -165,3 +165,40 @@ def test_uncertainty_bounds_cache_matches_the_views(store, name, by, params):
     assert n_tables == (2 if by == ["model"] else 3) and n_views == 0
     # not bit-exact: the scores' own sums (option entropy) may add in another order over views
     _same(a, b)
+
+
+CONF_BYS = ([], ["model"], ["variant", "k"], ["model", "condition"])
+CONF_PARAMS = ({}, {"alpha": 0.2, "repeats": 70, "stratify": None}, {"alpha": "1/3", "cal_fraction": 0.5})
+
+
+@pytest.mark.parametrize("by", CONF_BYS)
+@pytest.mark.parametrize("params", CONF_PARAMS)
+def test_conformal_threshold_cache_matches_the_views(store, by, params):
+    """conformal_lac, plain conformal_aps and conformal_coverage_by (score 'lac' / 'aps') keep their
+    thresholds q_hat in a TEMP table per mask, score and alpha (``conformal._threshold_table``), and
+    the first of them computes them for the others; coverage_by keeps its per-value test sums, which
+    conformal_lac / conformal_aps then add up per group (``conformal._test_rep_prefix``). Each still
+    gives the numbers of the plain views (which compute everything in their own query) after the
+    caches were filled under another alpha, another score, another mask and another grouping (a key
+    that missed a part would serve those rows)."""
+    other_alpha = {**params, "alpha": 0.3}
+    with _plain_and_prepared(store) as (views, tables):
+        compute(tables, "conformal_lac", by, other_alpha)
+        compute(tables, "conformal_lac", ["model", "config"], params)
+        for name, extra in (
+            ("conformal_coverage_by", {"score": "aps"}),  # reads no LAC row: another score
+            ("conformal_coverage_by", {"coverage_by": "target_role", "stratify": None}),  # another mask
+            ("conformal_coverage_by", {"coverage_by": "task"}),  # LAC thresholds of conformal_lac
+            ("conformal_lac", {}),  # reads coverage_by's thresholds and test sums
+            ("conformal_aps", {}),  # reads coverage_by's APS thresholds and test sums
+        ):
+            p = {**params, **extra}
+            if name == "conformal_coverage_by" and "coverage_by" in p and p["coverage_by"] in by:
+                continue
+            a = compute(views, name, by, p)
+            assert len(a) > 0
+            _same(a, compute(tables, name, by, p))
+        n_tables, n_views = _kept(tables, "_conf_thr_"), _kept(views, "_conf_thr_")
+        n_sums, n_sums_views = _kept(tables, "_conf_trep_"), _kept(views, "_conf_trep_")
+    assert n_tables >= 4 and n_views == 0
+    assert n_sums == 3 and n_sums_views == 0

@@ -62,7 +62,9 @@ APS build their units on it, fetching each unit's scores (and coverage_by its co
 the table holds, not by a join on the string keys (run_id, item_id); otherwise (views, and the
 sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
 the pass already holds it and the pools are exactly its units (checked in the same query; see
-``_query``), which in a store of scored MCQ runs they are.
+``_query``), which in a store of scored MCQ runs they are. The thresholds q_hat of LAC and plain APS
+on that table are likewise a TEMP table per score and alpha (``_threshold_table``), so coverage_by
+with score 'lac' and conformal_lac compute them once.
 
 Threshold: q_hat = the k-th smallest calibration score of the target, k = ceil((n+1)(1-alpha)),
 computed in integers with alpha read as an exact fraction (see ``as_fraction``: a float is the simple
@@ -127,6 +129,9 @@ _MAX_DEN = 10**6
 # exercise that path
 WINDOW_SD = 6
 WINDOW_PAD = 16
+# buckets of [0, 1] counted for the band floor of the thresholds (``conf_split.sql``, ``bands``): only
+# speed depends on it (more buckets: a band closer to its target size, more rows to count)
+BAND_BUCKETS = 256
 # bits of a mask word per slice of the test sums (``conf_split.sql``, ``test_slices``): the units are
 # grouped once per slice, by the slice's value (2**SLICE_BITS of them); a power of two, so that a
 # slice never straddles two words. Only speed depends on it (fewer, larger groupings vs more, smaller)
@@ -272,6 +277,7 @@ def _common(by: Sequence[str], params: dict) -> dict[str, object]:
         "sample_index": _int(params, "sample_index", 0),
         "win_sd": float(WINDOW_SD),
         "win_pad": float(WINDOW_PAD),
+        "band_buckets": BAND_BUCKETS,
     }
 
 
@@ -903,6 +909,65 @@ def _mask_with_identity(
     )
 
 
+# the split's own threshold CTE (``conf_split.sql``): per group and repeat n_cal, k_order, q_hat
+_OWN_THRESHOLDS = "thr_own"
+
+
+def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict) -> str:
+    """The TEMP table of the LAC / plain APS thresholds on the shared mask table ``mask`` (rows of
+    ``conf_split.sql``'s ``thr_own``: gid, rep, n_cal, k_order, q_hat), computed here if missing.
+
+    Why: q_hat depends on the units' group, stratum, calibration mask and target score and on alpha,
+    never on coverage_by's column, so conformal_lac and conformal_coverage_by (score 'lac', run on
+    the same connection) need the same thresholds, and the first to run computes them for both (the
+    query reads only the target score and mask words of each unit, a narrow join). The name is a hash
+    of everything they depend on: the mask table's name (itself a hash of the relations read, the
+    unit set and the split), the score and alpha; the SQL is fixed for the process (the table is
+    TEMP)."""
+    key = [mask, score, values["alpha_num"], values["alpha_den"]]
+    table = "_conf_thr_" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    if table in temp_tables(con):
+        return table
+    sample = values["sample_index"]
+    words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
+    # the split's columns the threshold CTEs do not read are typed constants (they are bound, not run)
+    units = (
+        f"units AS (\n    SELECT t.gid, t.sid, NULL::INTEGER AS cov, NULL::DOUBLE[] AS ss, pr.st, {words}\n"
+        f"    FROM {mask} t\n    JOIN (SELECT rowid AS sp_row, {score}_target AS st FROM "
+        f"{_row_relation(con, 'sample_probs')} WHERE sample_index = {sample}) pr ON pr.sp_row = t.sp_row\n"
+        "    WHERE t.m0 IS NOT NULL\n)"
+    )
+    split = _render(
+        "conf_split.sql",
+        units_m_sql="SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)",
+        thr_q_sql=f"SELECT * FROM {_OWN_THRESHOLDS}",
+        test_rep_sql=f"SELECT * FROM {_OWN_TEST_REP}",
+        **values,
+        **_split_extra(score, values["repeats"]),
+    )
+    return cached_table(con, table, f"WITH {units},\n{split}\nSELECT * FROM {_OWN_THRESHOLDS}")
+
+
+# the split's own per-repeat test sums (``conf_split.sql``): per group, coverage_by value and repeat
+_OWN_TEST_REP = "test_rep_own"
+
+
+def _test_rep_prefix(mask: str, score: str, values: dict) -> str:
+    """The name prefix of the TEMP tables of coverage_by's per-value test sums (rows of
+    ``conf_split.sql``'s ``test_rep_own``: gid, cov, rep, n, sz, cv, em) on the shared mask table
+    ``mask``; a table is this prefix, '_' and the coverage_by column (``_query`` makes and reads them).
+
+    Why: the test sums are integer counts over the test units, so a group's sums (what
+    conformal_lac / plain APS report from) are exactly the sums over the coverage_by values of
+    coverage_by's rows for the same units, mask, thresholds and score lists, whichever column
+    it reported by (its values partition the units). coverage_by runs before conformal_lac on a pass
+    connection (name order), which then reads them instead of scanning every unit again. They
+    depend on what the thresholds depend on (the mask table, the score and alpha) and, through the
+    score lists, on nothing else: the sample is part of the mask table's name."""
+    key = ["test_rep", mask, score, values["alpha_num"], values["alpha_den"]]
+    return "_conf_trep_" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+
+
 # the CTE of the integer codes of coverage_by's column (``_cached_option_units``): value v, code
 COV_KEYS = "cov_keys"
 
@@ -962,6 +1027,8 @@ def _query(
         "JOIN group_n g USING (gid)"
     )
     mask_ctes, check, shared = "", "", None
+    thr_q_sql = f"SELECT * FROM {_OWN_THRESHOLDS}"
+    test_rep_sql, kept_test_rep = f"SELECT * FROM {_OWN_TEST_REP}", None
     if share_mask and fixed and _pooled(score, params):
         assert con is not None
         shared = _existing_option_mask(con, values)
@@ -993,8 +1060,36 @@ def _query(
             units_m = joined.format(words=words, table=_mask_with_identity(con, table, values))
         else:
             units = _cached_option_units(con, table, score, values, cov)
-            units_m = "SELECT u.*, g.m AS m_top FROM units u JOIN group_n g USING (gid)"
-    split = _render("conf_split.sql", units_m_sql=units_m, **values, **_split_extra(score, values["repeats"]))
+            # the thresholds from the connection's shared table (computed there if missing): the
+            # split's own threshold CTEs are then not referenced, and units_m needs no m_top
+            thr_q_sql = f"SELECT * FROM {_threshold_table(con, table, score, values)}"
+            units_m = "SELECT u.*, NULL::BIGINT AS m_top FROM units u"
+            prefix = _test_rep_prefix(table, score, values)
+            if cov is not None:  # coverage_by: its per-value test sums, kept for LAC / APS
+                kept_test_rep = f"{prefix}_{cov}"
+                test_rep_sql = f"SELECT * FROM {kept_test_rep}"
+            else:
+                found = sorted(t for t in temp_tables(con) if t.startswith(f"{prefix}_"))
+                if found:  # any coverage_by column: its values partition the group's test units
+                    test_rep_sql = (
+                        "SELECT gid, NULL AS cov, rep, sum(n)::BIGINT AS n, sum(sz)::BIGINT AS sz, "
+                        f"sum(cv)::BIGINT AS cv, sum(em)::BIGINT AS em FROM {found[0]} GROUP BY gid, rep"
+                    )
+
+    def split_with(test_rep: str) -> str:
+        return _render(
+            "conf_split.sql",
+            units_m_sql=units_m,
+            thr_q_sql=thr_q_sql,
+            test_rep_sql=test_rep,
+            **values,
+            **_split_extra(score, values["repeats"]),
+        )
+
+    split = split_with(test_rep_sql)
+    if kept_test_rep is not None and kept_test_rep not in temp_tables(con):
+        own = split_with(f"SELECT * FROM {_OWN_TEST_REP}")
+        cached_table(con, kept_test_rep, f"WITH {units},\n{mask_ctes}{own}\nSELECT * FROM {_OWN_TEST_REP}")
     check_col = ""
     if shared is not None:
         ok = "(SELECT ok FROM mask_check)"

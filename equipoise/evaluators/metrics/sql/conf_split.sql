@@ -42,24 +42,35 @@ thr AS (
 ),
 -- q_hat = the k-th smallest non-NULL calibration target score (NULL when k > their number n): the
 -- (n - k + 1)-th largest, read from the descending scores of the calibration units whose target
--- score is >= the group's band floor b, instead of sorting all n_cal of them: b = the T-th largest
--- target score of the group, T = (m + WINDOW_SD sqrt(m) + WINDOW_PAD) * N / n_cal, so that about
--- m + a few sd of the units above b calibrate in each repeat (NULL: no floor). The band's units are
+-- score is >= the group's band floor b, instead of sorting all n_cal of them. b: the lower edge of
+-- the bucket (of {band_buckets} equal buckets of [0, 1]; scores below 0 in the first, at or above 1
+-- and NaN in the last) that holds the T-th largest target score of the group, T = (m + WINDOW_SD
+-- sqrt(m) + WINDOW_PAD) * N / n_cal, so that about m + a few sd of the units above b calibrate in
+-- each repeat (NULL: fewer than T scores, no floor). Counted per bucket, not read from a sort of
+-- every score (which took about a third of the thresholds' time): the bucket's other units only
+-- widen the band a little. The band's units are
 -- listed and sorted ONCE per group (score and mask words), and each repeat's list is that sorted
 -- list filtered by the repeat's mask bit (still sorted): one aggregate per group, not one filtered
 -- bounded heap (max(x, m)) per repeat, which cost about twice as much. Checked: where some repeat
 -- has fewer than n - k + 1 calibration scores >= b, q_hat might lie below b, and that group's
--- q_hat are taken from heaps over all its units (cal_full: rare, m_top = m bounds them).
+-- q_hat are taken from heaps over all its units (cal_full: rare, m_top = m bounds them); so q_hat
+-- never depends on b, only the speed does.
 bands AS (
-    SELECT u.gid,
-           CASE WHEN any_value(g.n_cal) > 0 THEN
-               list_sort(list(u.st) FILTER (WHERE u.st IS NOT NULL), 'DESC')[
-                   greatest(ceil((any_value(g.m) + {win_sd} * sqrt(any_value(g.m)) + {win_pad})
-                                 * any_value(g.n_units) / any_value(g.n_cal)), 1)::BIGINT]
-           END AS b
-    FROM units_m u
-    JOIN group_n g USING (gid)
-    GROUP BY u.gid
+    SELECT g.gid,
+           CASE WHEN g.n_cal > 0 THEN
+               max(h.bucket) FILTER (WHERE h.above >= greatest(ceil((g.m + {win_sd} * sqrt(g.m) + {win_pad})
+                                                                    * g.n_units / g.n_cal), 1))
+           END / {band_buckets}.0 AS b
+    FROM group_n g
+    LEFT JOIN (  -- per bucket: the scores in it or above (above)
+        SELECT gid, bucket, sum(c) OVER (PARTITION BY gid ORDER BY bucket DESC) AS above
+        FROM (SELECT gid, CASE WHEN st >= 1 THEN {band_buckets} WHEN st > 0 THEN floor(st * {band_buckets})::INTEGER
+                               ELSE 0 END AS bucket, count(*) AS c
+              FROM units_m
+              WHERE st IS NOT NULL
+              GROUP BY gid, bucket)
+    ) h USING (gid)
+    GROUP BY g.gid, g.n_cal, g.m, g.n_units
 ),
 cal_band AS (  -- the calibration units with a target score >= b: how many, and their scores, descending
     SELECT gid, rep, len(top) AS n_band, top
@@ -95,11 +106,18 @@ cal_top AS (
     UNION ALL
     SELECT gid, rep, n_scores, top FROM cal_full
 ),
-thr_q AS (
+thr_own AS (
     SELECT t.gid, t.rep, t.n_cal, t.k_order::BIGINT AS k_order,
            CASE WHEN t.k_order <= c.n_scores THEN c.top[(c.n_scores - t.k_order + 1)::BIGINT] END AS q_hat
     FROM thr t
     LEFT JOIN cal_top c USING (gid, rep)
+),
+-- per group and repeat: n_cal, k and q_hat, computed above (thr_own), or read from a connection's
+-- TEMP table holding thr_own's rows for the same units, mask, score and alpha (conformal.py,
+-- ``_threshold_table``: LAC and coverage_by share them); then the CTEs above are not referenced,
+-- and not run
+thr_q AS (
+    {thr_q_sql}
 ),
 -- one row per group: the thresholds of its repeats as columns q_0 ... (NULL q_hat = the full set:
 -- +infinity, above every score), and their range [q_lo, q_hi]
@@ -177,13 +195,20 @@ test_border AS (
           GROUP BY gid, cov)
 ),
 -- per group, coverage_by value and repeat (a repeat without test units there has n = 0)
-test_rep AS (
+test_rep_own AS (
     SELECT t.gid, t.cov, r.rep, {test_rep_cols}
     FROM test_tot t
     CROSS JOIN rep_bits r  -- one row per repeat
     LEFT JOIN test_cal c ON c.gid = t.gid AND c.cov IS NOT DISTINCT FROM t.cov AND c.rep = r.rep
     LEFT JOIN test_bu bu ON bu.gid = t.gid AND bu.cov IS NOT DISTINCT FROM t.cov AND bu.rep = r.rep
     LEFT JOIN test_border bo ON bo.gid = t.gid AND bo.cov IS NOT DISTINCT FROM t.cov AND bo.rep = r.rep
+),
+-- test_rep_own's rows, or, for conformal_lac / plain APS, the sums over the coverage_by values of the
+-- rows a coverage_by query kept for the same units, mask, score and alpha (conformal.py,
+-- ``_test_rep_prefix``): integer counts, so the sums are exactly the per-group counts; the CTEs above
+-- are then not referenced, and not run
+test_rep AS (
+    {test_rep_sql}
 ),
 per_rep AS (  -- per group and repeat with test units: the means over its test units
     SELECT gid, rep, sum(n)::BIGINT AS n_test, sum(sz)::DOUBLE / sum(n) AS set_size,
