@@ -126,6 +126,33 @@ def test_lanes_keep_the_pass_memory_cap_of_the_first_connection(
         con.close()
 
 
+@pytest.mark.parametrize(
+    ("threads", "jobs", "during"), [(4, 2, 2), (2, 2, 1), (3, 2, 1), (2, 3, 1), (4, 1, 4)]
+)
+def test_lanes_share_duckdbs_threads_out_and_restore_them(
+    store: Path, tmp_path: Path, threads: int, jobs: int, during: int
+) -> None:
+    """While the lanes run, DuckDB's threads (the database's) are the cores' share of one lane; the
+    setting is the caller's again afterwards, and a sequential pass leaves it alone."""
+    con = connect(store, read_only=True)
+    try:
+        con.execute(f"SET threads = {threads}")
+        seen: set[int] = set()
+        probe = con.cursor()  # lane 0 runs on con itself; the setting is the database's
+
+        def look(_: pass_runner.MetricDone) -> None:  # run_pass calls it one call at a time
+            seen.add(int(probe.execute("SELECT current_setting('threads')").fetchone()[0]))
+
+        (tmp_path / "o").mkdir()
+        names = _names()[:6] if jobs == 1 else _names()
+        run_pass(con, {n: tmp_path / "o" / f"{n}.parquet" for n in names}, jobs=jobs, on_done=look)
+        assert seen == {during}
+        assert int(con.execute("SELECT current_setting('threads')").fetchone()[0]) == threads
+        probe.close()
+    finally:
+        con.close()
+
+
 def test_without_current_facts_the_pass_is_sequential(tmp_path: Path) -> None:
     path = tmp_path / "s.duckdb"
     make_store(path, SyntheticSpec(n_items=20, models=("m1",), samples=2, seed=3))

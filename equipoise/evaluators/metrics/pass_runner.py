@@ -27,6 +27,13 @@ What stays as in a sequential pass:
   0.1 s slower each at 1M with one (benchmarks/RESULTS.md, stop 22). Those products (``counts @
   c``, 1,000-2,000 draws of up to 160k units) gave the same bits with one and two OpenBLAS
   threads, in both memory layouts, when checked this stop: each output is one row's dot product.
+- DuckDB's threads. The ``threads`` setting belongs to the database, so the lanes share it: a
+  pass in lanes sets it to the cores' share of one lane (``lane_threads``: one each for 2 lanes on
+  2 cores) and restores it afterwards. Each lane then keeps its own core busy with one thread
+  instead of two threads per lane competing for both, which spends less CPU on the parallel
+  operators' bookkeeping (measured at 1M predictions: see ``DEFAULT_JOBS``). The results do not
+  depend on it: facts and metrics are bit-identical across thread counts
+  (``tests/test_store_facts.py``).
 - the caches. TEMP tables are per connection, so metrics that share one run in the same lane, one
   after the other: the metrics of one module (e.g. the conformal ones share the calibration mask,
   aurc / prr their selective rows) form a group, unless a metric declares a group of its own
@@ -200,12 +207,16 @@ def run_pass(
             run_group(lane, c, group)
 
     threads: list[threading.Thread] = []
-    # lanes: one BLAS thread for all of them, set here in the caller's thread (module docstring)
+    # lanes: one BLAS thread for all of them, set here in the caller's thread, and DuckDB's threads
+    # shared out between them (module docstring); both restored after the lanes
     blas = None
+    duck_threads: int | None = None  # DuckDB's threads setting before the lanes
     if jobs > 1:
         from threadpoolctl import threadpool_limits  # only lanes need it: not at import time
 
         blas = threadpool_limits(limits=1, user_api="blas")
+        duck_threads = int(con.execute("SELECT current_setting('threads')").fetchone()[0])
+        con.execute(f"SET threads = {lane_threads(duck_threads, jobs)}")
     try:
         for _ in range(jobs - 1):
             cur = con.cursor()
@@ -224,6 +235,9 @@ def run_pass(
                 t.start()
             for t in threads:
                 t.join()
+        if duck_threads is not None:  # the retries below run alone: with every thread again
+            con.execute(f"SET threads = {duck_threads}")
+            duck_threads = None
         if failed:
             name = next(n for n in targets if n in failed)
             raise PassError(name, failed[name]) from failed[name]
@@ -244,4 +258,12 @@ def run_pass(
             cur.close()
         if blas is not None:
             blas.restore_original_limits()
+        if duck_threads is not None:
+            con.execute(f"SET threads = {duck_threads}")
     return done
+
+
+def lane_threads(threads: int, jobs: int) -> int:
+    """DuckDB's threads while ``jobs`` lanes run on a database set to ``threads``: its cores shared
+    out between the lanes, at least one each (module docstring)."""
+    return max(1, threads // jobs)
