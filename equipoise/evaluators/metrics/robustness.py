@@ -80,7 +80,6 @@ from equipoise.evaluators.metrics.registry import (
     register,
     render_sql,
     temp_tables,
-    uses_facts,
 )
 
 DEFAULT_BY: tuple[str, ...] = ("model", "prompt_style")
@@ -425,43 +424,10 @@ def multinomial_bootstrap_ratio(
     return (counts @ c) / (counts @ m)
 
 
-def _item_counts_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str]) -> str:
-    """The per-item rows of ``bootstrap_ci`` (``{item_counts}`` of ``rob_item_accuracy.sql``): the
-    strata of ``by``, then ``m`` (the item's samples) and ``c`` (its correct ones), for every
-    (run, item) of `scored` outside self-evaluation runs.
-
-    Why two sources: grouping every sample by its (strata, run_id, item_id) strings was nearly all
-    of the metric's CPU (0.15 s at 1M predictions). A pass over current facts already holds one row
-    per (run, item) with exactly those numbers, ``facts_unc_scores_item`` (uncertainty.py, pool
-    'item'): ``n_samples`` = count(*) of the item's samples and ``sample_accuracy`` =
-    avg(correct::INT) over them (``correct`` is never NULL, base_views.sql), so c =
-    round(sample_accuracy * n_samples) exactly: DuckDB's integer avg is the double quotient c / m,
-    within half a unit in the last place, and the product adds as much again, so the product is
-    within c * 2^-52 of c, far below the 0.5 that rounding forgives. Its strata are the item's own
-    (run and item columns), the same as any of its samples'. Reading it: 0.15 -> 0.02 CPU s at 1M,
-    the same result (tests/test_store_facts.py compares every metric over facts with the plain
-    views)."""
-    strata = "".join(f"{b}, " for b in by)
-    if uses_facts(con):
-        return (
-            f"    SELECT {strata}n_samples AS m, round(sample_accuracy * n_samples)::BIGINT AS c\n"
-            "    FROM main.facts_unc_scores_item\n"
-            "    WHERE NOT starts_with(prompt_style, 'self_eval:')"
-        )
-    return (
-        f"    SELECT {strata}run_id AS _run, item_id AS _item,\n"
-        "           count(*) AS m, sum(correct::INT)::BIGINT AS c\n"
-        "    FROM scored\n"
-        "    WHERE NOT starts_with(prompt_style, 'self_eval:')\n"
-        "    GROUP BY ALL"
-    )
-
-
 def _bootstrap_ci(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
     _check_names("bootstrap_ci", params)
     alpha, n_boot, seed = _alpha(params), _n_boot(params), _seed(params)
-    sql = render_sql(REGISTRY["bootstrap_ci"], by, {**params, "item_counts": _item_counts_sql(con, by)})
-    df = con.execute(sql).df()
+    df = con.execute(render_sql(REGISTRY["bootstrap_ci"], by, params)).df()
     lows, highs = [], []
     for key, c, m, k in zip(df[list(by)].itertuples(index=False), df.c, df.m, df.n_kind, strict=True):
         if not isinstance(c, (list, np.ndarray)) or len(c) == 0:  # by=[] and no predictions: one NULL row

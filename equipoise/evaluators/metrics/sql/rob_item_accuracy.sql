@@ -3,10 +3,11 @@
 -- distinct (m, c) pair and how many items have it, ordered by (m, c). Resampling items with
 -- replacement only changes how many items of each kind are drawn (multinomial counts), so the
 -- bootstrap needs these few kinds, never a list of every item. Self-evaluation runs are excluded.
--- {{item_counts}}: one row per item, the grouping's strata then m and c (robustness.py: grouped from
--- `scored`, or read from the per-item fact that a metrics pass over current facts has).
 WITH i AS (
-{item_counts}
+    SELECT {by} run_id AS _run, item_id AS _item, count(*) AS m, sum(correct::INT)::BIGINT AS c
+    FROM scored
+    WHERE NOT starts_with(prompt_style, 'self_eval:')
+    GROUP BY ALL
 ),
 kinds AS (
     SELECT {by} m, c, count(*) AS n_kind
