@@ -8,6 +8,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from threadpoolctl import threadpool_info
 from typer.testing import CliRunner
 
 from equipoise.cli import app
@@ -99,6 +100,9 @@ def test_metrics_that_share_caches_run_in_one_lane_and_the_heavy_groups_in_lane_
     lane = {d.name: d.lane for d in done}
     for together in (("aurc", "prr"), ("ece", "reliability")):
         assert len({lane[n] for n in together}) == 1, together
+    # every weighed or heavy group is one that exists (a misspelt name would silently weigh 0)
+    named = set(pass_runner.GROUP_WEIGHTS) | set(pass_runner.HEAVY_GROUPS)
+    assert named <= {cache_group(n) for n in _names()}
 
 
 def test_lanes_keep_the_pass_memory_cap_of_the_first_connection(
@@ -173,8 +177,19 @@ def test_a_failing_metric_is_named_and_stops_the_pass(
 
     monkeypatch.setattr(registry, "write_result", failing)
     monkeypatch.setattr(pass_runner, "GROUP_WEIGHTS", {"calibration": 9.0})  # brier's group first
-    with pytest.raises(PassError) as info:
-        _lanes(store, tmp_path / "o", 2)
+    blas_before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    out = tmp_path / "o"
+    out.mkdir()
+    con = connect(store, read_only=True)
+    try:
+        con.execute("SET threads = 4")
+        with pytest.raises(PassError) as info:
+            run_pass(con, {n: out / f"{n}.parquet" for n in _names()}, jobs=2)
+        # the settings the lanes shared out are the caller's again
+        assert int(con.execute("SELECT current_setting('threads')").fetchone()[0]) == 4
+    finally:
+        con.close()
+    assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == blas_before
     assert info.value.name == "brier" and isinstance(info.value.error, ValueError)
     # the lanes stopped taking metrics: the light lane's other groups were never written
     written = {p.stem for p in (tmp_path / "o").glob("*.parquet")}

@@ -556,12 +556,7 @@ def test_unc_scores_fact_is_written_in_published_order_and_copied_without_a_sort
 
     want, used = _metrics_on_unc_scores(plain)  # from the source tables, sorted by the query
     assert not used
-    one, forced = _unc_scores_read(path)
-    for pool in facts.POOLS:
-        for got in (one[pool], forced[pool]):
-            in_order, sorts, df = got
-            assert in_order and not sorts
-            pd.testing.assert_frame_equal(df, want[pool], obj=pool)
+    _assert_unc_scores_read(path, want, in_order=True)
 
     from equipoise.evaluators.metrics import uncertainty
 
@@ -575,11 +570,16 @@ def test_unc_scores_fact_is_written_in_published_order_and_copied_without_a_sort
         t = f"main.facts_unc_scores_{pool}"
         con.execute(f"CREATE OR REPLACE TABLE {t} AS SELECT * FROM {t} ORDER BY hash(item_id), run_id")
     con.close()
+    _assert_unc_scores_read(path, want, in_order=False)
+
+
+def _assert_unc_scores_read(path: Path, want: dict[str, pd.DataFrame], in_order: bool) -> None:
+    """unc_scores of every pool read from ``path``'s facts, with one thread and with parallelism
+    forced: the rows of ``want``, found in order (and so not sorted) exactly when ``in_order``."""
     one, forced = _unc_scores_read(path)
     for pool in facts.POOLS:
-        for got in (one[pool], forced[pool]):
-            in_order, sorts, df = got
-            assert not in_order and sorts
+        for found, sorts, df in (one[pool], forced[pool]):
+            assert (found, sorts) == (in_order, not in_order), pool
             pd.testing.assert_frame_equal(df, want[pool], obj=pool)
 
 

@@ -40,24 +40,25 @@ What stays as in a sequential pass:
   (``Metric.lane_group``: the uncertainty metrics, which read the write-time fact and share only
   the normalisation bounds), and a lane takes whole groups.
 
-Memory decides the schedule. The group whose working set is most of the pass's cap (the conformal
-metrics' calibration mask, ``HEAVY_GROUPS``) runs in lane 0 alone among the heavy ones: when the
-uncertainty metrics still formed one group of that kind, two such groups at once evicted each
-other's store blocks and spilled (a 2-lane pass that ran them together was slower than the
-sequential pass at 1M predictions under the cap, a helper's measurement on a loaded box). So lane 0
-runs the heavy groups one after another while the other lanes take the light groups (calibration,
-robustness, each uncertainty metric, CLEAR, ...) from a shared queue, heaviest first
-(``GROUP_WEIGHTS``), and lane 0 helps with what is left. The order only decides speed. ``jobs=1`` is
-the sequential pass, and so is every pass whose base relations are not the store's fact tables: a
-lane would compute its own TEMP copies of them, the store's size again per lane.
+Memory decides the schedule. The groups whose working set is most of the pass's cap
+(``HEAVY_GROUPS``: the conformal metrics and their calibration mask) run in lane 0, one after the
+other, never beside each other: when the uncertainty metrics still formed one such group with them,
+the two evicted each other's store blocks and spilled (a 2-lane pass that ran them together was
+slower than the sequential pass at 1M predictions under the cap, a helper's measurement on a
+loaded box). The other lanes take the light groups (calibration, robustness, each uncertainty
+metric, CLEAR, ...) from a shared queue, heaviest first (``GROUP_WEIGHTS``), and lane 0 helps with
+what is left. The order only decides speed. ``jobs=1`` is the sequential pass, and so is every
+pass whose base relations are not the store's fact tables: a lane would compute its own TEMP
+copies of them, the store's size again per lane.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,7 +78,7 @@ DEFAULT_JOBS = 2
 HEAVY_GROUPS: tuple[str, ...] = ("conformal",)
 
 # scheduling weight of each light group: its metrics' share of a sequential pass, in seconds at 1M
-# predictions (each metric's registry.write_result, one after the other, on the stop-22 code). Only
+# predictions (each metric's registry.write_result, one after the other, on d38ff23, stop 22's code). Only
 # the order lanes take groups in follows from it (heaviest first, so that no lane is left with a
 # long group at the end); a group not listed weighs 0 and is taken last.
 GROUP_WEIGHTS: dict[str, float] = {
@@ -207,60 +208,70 @@ def run_pass(
             run_group(lane, c, group)
 
     threads: list[threading.Thread] = []
-    # lanes: one BLAS thread for all of them, set here in the caller's thread, and DuckDB's threads
-    # shared out between them (module docstring); both restored after the lanes
-    blas = None
-    duck_threads: int | None = None  # DuckDB's threads setting before the lanes
-    if jobs > 1:
-        from threadpoolctl import threadpool_limits  # only lanes need it: not at import time
-
-        blas = threadpool_limits(limits=1, user_api="blas")
-        duck_threads = int(con.execute("SELECT current_setting('threads')").fetchone()[0])
-        con.execute(f"SET threads = {lane_threads(duck_threads, jobs)}")
     try:
-        for _ in range(jobs - 1):
-            cur = con.cursor()
-            lanes.append(cur)
-            # the facts con's prepare found current (the same database, so the same snapshot), and
-            # not its memory cap: the pass's memory_limit is the database's, set once by that prepare
-            registry.read_facts(cur)
-        if jobs == 1:
-            work(0, con)
-        else:
-            threads = [
-                threading.Thread(target=work, args=(i, c), name=f"metrics-lane-{i}")
-                for i, c in enumerate(lanes)
-            ]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        if duck_threads is not None:  # the retries below run alone: with every thread again
-            con.execute(f"SET threads = {duck_threads}")
-            duck_threads = None
+        with _lane_settings(con, jobs):
+            try:
+                for _ in range(jobs - 1):
+                    cur = con.cursor()
+                    lanes.append(cur)
+                    # the facts con's prepare found current (the same database, so the same
+                    # snapshot), and not its memory cap: the pass's memory_limit is the database's,
+                    # set once by that prepare
+                    registry.read_facts(cur)
+                if jobs == 1:
+                    work(0, con)
+                else:
+                    threads = [
+                        threading.Thread(target=work, args=(i, c), name=f"metrics-lane-{i}")
+                        for i, c in enumerate(lanes)
+                    ]
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+            finally:
+                if any(t.is_alive() for t in threads):  # the caller was interrupted (e.g. Ctrl-C)
+                    stop.set()
+                    for c in lanes:
+                        c.interrupt()  # the running queries end with an error; the lanes then stop
+                    for t in threads:
+                        t.join()
         if failed:
             name = next(n for n in targets if n in failed)
             raise PassError(name, failed[name]) from failed[name]
         order = list(targets)
-        for name, lane in sorted(retry, key=lambda r: order.index(r[0])):
+        for name, lane in sorted(retry, key=lambda r: order.index(r[0])):  # alone, every thread
             try:
                 run_one(lane, lanes[lane], name)
             except Exception as exc:
                 raise PassError(name, exc) from exc
     finally:
-        if any(t.is_alive() for t in threads):  # the caller was interrupted (e.g. Ctrl-C) mid-pass
-            stop.set()
-            for c in lanes:
-                c.interrupt()  # the running queries end with an error; the lanes then stop
-            for t in threads:
-                t.join()
         for cur in lanes[1:]:
             cur.close()
-        if blas is not None:
-            blas.restore_original_limits()
-        if duck_threads is not None:
-            con.execute(f"SET threads = {duck_threads}")
     return done
+
+
+@contextlib.contextmanager
+def _lane_settings(con: duckdb.DuckDBPyConnection, jobs: int) -> Iterator[None]:
+    """The process-wide settings while ``jobs`` lanes run (module docstring): one BLAS thread
+    (threadpoolctl, entered here in the caller's thread) and DuckDB's threads shared out between
+    the lanes (``lane_threads``); both are the caller's again on exit, however the lanes ended. One
+    lane (the sequential pass) changes nothing."""
+    if jobs == 1:
+        yield
+        return
+    from threadpoolctl import threadpool_limits  # only lanes need it: not at import time
+
+    before = int(con.execute("SELECT current_setting('threads')").fetchone()[0])
+    with threadpool_limits(limits=1, user_api="blas"):
+        con.execute(f"SET threads = {lane_threads(before, jobs)}")
+        try:
+            yield
+        finally:
+            # a database a lane's error invalidated refuses every statement: that error, already on
+            # its way to the caller, says more than this one would
+            with contextlib.suppress(duckdb.Error):
+                con.execute(f"SET threads = {before}")
 
 
 def lane_threads(threads: int, jobs: int) -> int:
