@@ -382,6 +382,23 @@ def test_types_taken_from_the_head_of_the_file_never_change_the_result(nota, tmp
     _columnar_equals_record_path(nota, tmp_path, f)
 
 
+def test_a_pyarrow_without_the_streaming_json_reader_parses_the_same_table(nota, tmp_path, monkeypatch):
+    """The typed parse streams with ``pyarrow.json.open_json`` where this pyarrow has it (its Python
+    binding is newer than the oldest pyarrow allowed) and falls back to ``read_json``: one table."""
+    import equipoise.evaluators.importer as imp
+
+    monkeypatch.setattr(imp, "_SAMPLE_BYTES", 1500)  # typed from the head, as a large file is
+    f = _write_jsonl(tmp_path / "p.jsonl", _records(nota))
+    opened = []
+    real = imp.pyarrow.json.open_json
+    monkeypatch.setattr(imp.pyarrow.json, "open_json", lambda *a, **k: opened.append(1) or real(*a, **k))
+    streamed = imp._parse_jsonl(f)
+    assert opened  # the typed parse ran, streamed
+    monkeypatch.delattr(imp.pyarrow.json, "open_json")
+    assert imp._parse_jsonl(f).equals(streamed)
+    assert streamed.num_rows == len(_records(nota))
+
+
 def test_an_explicit_null_after_the_sample_is_still_refused(nota, tmp_path, monkeypatch):
     """``"backend": null`` is a validation error, an absent backend is the default: a null that
     only appears after the typed head of the file must still be judged as a null."""

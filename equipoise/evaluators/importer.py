@@ -280,6 +280,7 @@ def _parse_jsonl(path: Path) -> pyarrow.Table:
     same way. A file the record-by-record path refuses could then be imported, and no check on
     the converted columns can tell. Arrow with an explicit schema refuses every such value."""
     infer = pyarrow.json.ParseOptions(explicit_schema=_SCALARS, unexpected_field_behavior="infer")
+    pool = _parse_pool()
     size = path.stat().st_size
     with path.open("rb") as f:
         sample = f.read(_SAMPLE_BYTES)
@@ -300,14 +301,17 @@ def _parse_jsonl(path: Path) -> pyarrow.Table:
             # until the end (1M records, parse alone, alternated four times under load: 2.23-2.30
             # CPU-s and about 405 MiB peak RSS against 2.47-2.50 and 500 MiB). It cannot stand
             # in for the inferring parse below: it fixes the types on the first block
-            with pyarrow.OSFile(str(path), memory_pool=_parse_pool()) as f:
-                reader = pyarrow.json.open_json(f, parse_options=strict, memory_pool=_parse_pool())
-                return reader.read_all()
+            with pyarrow.OSFile(str(path), memory_pool=pool) as f:
+                if hasattr(pyarrow.json, "open_json"):
+                    return pyarrow.json.open_json(f, parse_options=strict, memory_pool=pool).read_all()
+                # a pyarrow without the streaming reader's Python binding (it came after 15,
+                # the oldest this package allows): the same table, with read_json's memory
+                return pyarrow.json.read_json(f, parse_options=strict, memory_pool=pool)
         except pyarrow.ArrowException:
             pass  # whatever the sample did not foresee: the inferring parse below decides
     del sample
-    with pyarrow.OSFile(str(path), memory_pool=_parse_pool()) as f:
-        return pyarrow.json.read_json(f, parse_options=infer, memory_pool=_parse_pool())
+    with pyarrow.OSFile(str(path), memory_pool=pool) as f:
+        return pyarrow.json.read_json(f, parse_options=infer, memory_pool=pool)
 
 
 def _parse_pool() -> pyarrow.MemoryPool:
@@ -325,8 +329,7 @@ def _parse_pool() -> pyarrow.MemoryPool:
     measured 2.16-2.29 CPU-s but 838-846 MiB (the mapped pages stay resident until the parse
     ends), so the file is still streamed. With the streaming reader, one ``import_bench.py``
     run each: 5.85 CPU-s for the whole import with this pool, 6.29 with the default one. The
-    table it returns lives in that pool; the pool is
-    process-wide and never freed, so that is safe."""
+    parsed table lives in that pool, which is process-wide and never freed, so that is safe."""
     try:
         return pyarrow.jemalloc_memory_pool()
     except NotImplementedError:  # a pyarrow built without jemalloc
@@ -461,13 +464,14 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
     # window over the whole file, and a numpy range costs nothing
     table = table.append_column("rn", pyarrow.array(np.arange(1, table.num_rows + 1, dtype=np.int64)))
     con.register("_imp", table)  # read in place (Arrow scan), never copied into a DuckDB table
-    # the run columns holding one value (or only nulls) in the whole file, as a one-row table: the
-    # run keys are then grouped on the others only (hashing a 64-character dataset id a million
-    # times to find one group cost about 0.15 of the 0.25 CPU-s of the grouping at 1M records)
-    const = [c for c in _RUN_KEY if _constant(table[c])]
-    if const:
-        con.register("_imp_const", table.select(const).slice(0, 1))
     try:
+        # the run columns holding one value (or only nulls) in the whole file, as a one-row table:
+        # the run keys are then grouped on the others only (hashing a 64-character dataset id a
+        # million times to find one group cost about 0.15 of the 0.25 CPU-s of the grouping at 1M
+        # records)
+        const = [c for c in _RUN_KEY if _constant(table[c])]
+        if const:
+            con.register("_imp_const", table.select(const).slice(0, 1))
         # a file without token log-probabilities (tl all null) spares every row the list functions
         # and a file that gives every parsed_label (the column's null count, known without a scan)
         # spares the query for records the parser must read

@@ -285,11 +285,15 @@ def _batches(con: duckdb.DuckDBPyConnection, runs_sql: str) -> list[list[str]]:
     its own). Why that order: each batch writes facts_unc_scores_<pool> sorted by (model, run_id,
     item_id) (``uncertainty.FACT_ORDER``), so batches appended in that order leave the whole table
     sorted and unc_scores copies it without a sort (``uncertainty._fact_in_order`` checks)."""
+    from equipoise.evaluators.metrics.uncertainty import FACT_ORDER
+
+    # the run-level part of the fact's order, as columns of runs (m) and of the selected ids (r)
+    keys = ", ".join("r.run_id" if c == "run_id" else f"m.{c}" for c in FACT_ORDER if c != "item_id")
     rows = con.execute(
         f"""SELECT r.run_id, count(p.run_id) FROM ({runs_sql}) r
             LEFT JOIN main.runs m USING (run_id)
             LEFT JOIN main.predictions p USING (run_id)
-            GROUP BY r.run_id, m.model ORDER BY m.model, r.run_id"""
+            GROUP BY {keys} ORDER BY {keys}"""
     ).fetchall()
     batches: list[list[str]] = []
     size = 0
