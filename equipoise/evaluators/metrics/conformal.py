@@ -860,7 +860,7 @@ def _cached_option_units(
     scored = _row_relation(con, "scored")
     # coverage_by: the reported column as the integer code of its value (``cov_keys``), so that the
     # split groups, materializes and joins an integer, not (often) a string; the summary maps the
-    # codes back (``_COV_DECODE``)
+    # codes back (``_cov_decode``)
     cov_keys = (
         f"{COV_KEYS} AS (SELECT v, row_number() OVER (ORDER BY v) AS code "
         f"FROM (SELECT DISTINCT {cov} AS v FROM {scored} WHERE sample_index = {sample})),\n"
@@ -960,8 +960,11 @@ def _test_rep_prefix(mask: str, score: str, values: dict) -> str:
     Why: the test sums are integer counts over the test units, so a group's sums (what
     conformal_lac / plain APS report from) are exactly the sums over the coverage_by values of
     coverage_by's rows for the same units, mask, thresholds and score lists, whichever column
-    it reported by (its values partition the units). coverage_by runs before conformal_lac on a pass
-    connection (name order), which then reads them instead of scanning every unit again. They
+    it reported by (its values partition the units). Where coverage_by runs before conformal_lac on
+    a pass connection (the callers' order: ``equipoise metrics`` and metrics_bench pass the metrics
+    in name order, and both are in lane group ``conformal``), conformal_lac reads them instead of
+    aggregating every unit again; otherwise it computes them itself, with the same result, so
+    only speed depends on the order. They
     depend on what the thresholds depend on (the mask table, the score and alpha) and, through the
     score lists, on nothing else: the sample is part of the mask table's name."""
     key = ["test_rep", mask, score, values["alpha_num"], values["alpha_den"]]

@@ -13,7 +13,7 @@
 -- the confidences and of the Brier terms (confidence - 1[correct])^2: brier adds them over the
 -- bins, which gives the very integers its own sums over the rows gave (integer addition is exact
 -- in any grouping), so it reads these few rows instead of scanning cal_samples again.
--- Why shared: both metrics bin every row of a group the same way; on a connection with fixed base
+-- Why shared: ece, reliability and brier bin every row of a group the same way; on a connection with fixed base
 -- relations calibration.py computes this once per (confidence, samples, by, n_bins) into a TEMP
 -- table, and each metric aggregates its few rows per group. Names must not reuse a STRATA column.
 CREATE OR REPLACE TEMP VIEW {view} AS

@@ -15,7 +15,8 @@
 --   'used'          counted by the metrics.
 -- The two booleans behind it are columns too, `unparsed` and `used` (cal_status = 'unparsed' /
 -- 'used'), and the metrics test those: comparing the per-row string cost more CPU than the
--- aggregate that read it (brier at 1M predictions), while the string stays for whoever reports it.
+-- aggregate that read it (brier at 1M predictions). The string stays in this view for whoever
+-- reports it; the TEMP copy a pass keeps (calibration.py, _CACHED_COLUMNS) holds only the booleans.
 CREATE OR REPLACE TEMP VIEW cal_samples AS
 WITH c AS (
     SELECT sc.*, CAST({conf_expr} AS DOUBLE) AS conf_raw

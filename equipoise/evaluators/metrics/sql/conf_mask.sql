@@ -2,8 +2,8 @@
 -- fragment: gid, sid, run_id, ukey and any other columns, which are passed through) and every one of
 -- the {repeats} random splits, whether the unit is calibration (bit set) or test. Composed by
 -- conformal.py (a list of CTEs, no WITH); `unit_mask` is the result: the columns of `mask_units`
--- but run_id and ukey, plus UBIGINT words m0, m1, ... (bit r % 64 of word r // 64 = calibration in repeat r, so any number of
--- repeats fits). It depends on nothing but the units (group, stratum, run_id, unit key), the seed,
+-- but run_id and ukey, plus UBIGINT words m0, m1, ... (bit r % 64 of word r // 64 = calibration in
+-- repeat r, so any number of repeats fits). It depends on nothing but the units (group, stratum, run_id, unit key), the seed,
 -- the repeats and cal_fraction, never on a score: conformal.py computes it once per connection and
 -- unit set and shares it between LAC, APS and coverage_by when the base relations are fixed.
 --
