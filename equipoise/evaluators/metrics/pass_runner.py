@@ -68,9 +68,11 @@ from equipoise.evaluators.metrics import registry
 from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, uses_facts
 
 # the lanes of `equipoise metrics --out` (its --jobs) and of metrics_bench.py. Measured on 2 cores
-# (benchmarks/RESULTS.md, issue 13 stop 22): at 1M predictions 5.97-6.20 s in 2 lanes against
-# 6.54-6.81 s in one, the same CPU and peak RSS (704-708 MiB, store 779 MiB); at 10M 49.2 s against
-# 50.6 s, within the noise between runs. One lane (--jobs 1) is the sequential pass.
+# (benchmarks/RESULTS.md, issue 13): at stop 22, 1M predictions, 5.97-6.20 s in 2 lanes against
+# 6.54-6.81 s in one, the same CPU and peak RSS; at stop 23, with the uncertainty metrics in lane
+# groups of their own and one DuckDB thread per lane, the 1M pass took 5.12 / 5.32 s (9.59 / 9.87
+# CPU s) against 5.43 / 5.54 s (10.23 / 10.55 CPU s) with two DuckDB threads per lane (the same
+# code, runs alternated). One lane (--jobs 1) is the sequential pass.
 DEFAULT_JOBS = 2
 
 # groups that run in lane 0 only, one at a time, in this order (see the module docstring): the
