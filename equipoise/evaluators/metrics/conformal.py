@@ -924,8 +924,7 @@ def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
     of everything they depend on: the mask table's name (itself a hash of the relations read, the
     unit set and the split), the score and alpha; the SQL is fixed for the process (the table is
     TEMP)."""
-    key = [mask, score, values["alpha_num"], values["alpha_den"]]
-    table = "_conf_thr_" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    table = "_conf_thr_" + _threshold_key(mask, score, values)
     if table in temp_tables(con):
         return table
     sample = values["sample_index"]
@@ -967,8 +966,15 @@ def _test_rep_prefix(mask: str, score: str, values: dict) -> str:
     only speed depends on the order. They
     depend on what the thresholds depend on (the mask table, the score and alpha) and, through the
     score lists, on nothing else: the sample is part of the mask table's name."""
-    key = ["test_rep", mask, score, values["alpha_num"], values["alpha_den"]]
-    return "_conf_trep_" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+    return "_conf_trep_" + _threshold_key(mask, score, values)
+
+
+def _threshold_key(mask: str, score: str, values: dict) -> str:
+    """The name part of a TEMP table that depends on what the thresholds depend on: the shared mask
+    table ``mask`` (its name a hash of the relations read, the unit set and the split), the score
+    and alpha (``_threshold_table``, ``_test_rep_prefix``)."""
+    key = [mask, score, values["alpha_num"], values["alpha_den"]]
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:16]
 
 
 # the CTE of the integer codes of coverage_by's column (``_cached_option_units``): value v, code
