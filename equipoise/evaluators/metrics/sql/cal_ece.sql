@@ -3,7 +3,7 @@
 -- is counted in it and 0.0 in the first (exact at the edges: see bin_sql in calibration.py).
 -- ECE = sum_b (n_b / N) |acc_b - conf_b| over the non-empty bins, N = used rows;
 -- MCE = max_b |acc_b - conf_b|. Excluded rows are counted, never binned.
--- The per-bin counts and means come from cal_bins (cal_bins.sql, shared with reliability). Sums of
+-- The per-bin counts and means come from cal_bins (cal_bins.sql, shared with reliability and brier). Sums of
 -- non-integer doubles over the bins add a value-sorted list (same bits whatever the threads).
 SELECT {by}
        sum(n_b)::BIGINT                                                   AS n_total,

@@ -1,9 +1,9 @@
 -- Reliability diagram rows: one row per group and bin, all {n_bins} bins (an empty bin has n = 0
 -- and NULL mean_confidence / accuracy / gap). Bins as in cal_ece.sql (last bin closed at 1.0).
 -- n_group = used rows of the group, n_excluded = its excluded rows (repeated on every bin row).
--- The per-bin counts and means come from cal_bins (cal_bins.sql, shared with ece: at most one row
--- per group and bin, so max() below reads that row's value); every bin of every group gets a
--- row with n = 0 from the group's totals, which the bin's own row (if any) adds to.
+-- The per-bin counts and means come from cal_bins (cal_bins.sql, shared with ece and brier: at most
+-- one row per group and bin, so max() below reads that row's value); every bin of every group gets
+-- a row with n = 0 from the group's totals, which the bin's own row (if any) adds to.
 WITH g AS (
     SELECT {by}
            coalesce(sum(n_b) FILTER (WHERE bin IS NOT NULL), 0)::BIGINT AS n_group,
