@@ -25,7 +25,7 @@ _BLOCK = 1 << 20  # Arrow's default JSON block size (the importer does not chang
 
 @pytest.fixture(scope="module")
 def big(nota) -> list[dict]:
-    """``_big``'s records, built once for the module (tests that change them take a deep copy)."""
+    """``_big``'s records, built once for the module (a test that changes a record copies it first)."""
     return _big(nota)
 
 
@@ -81,12 +81,13 @@ def test_a_fault_past_the_head_names_its_line_and_stores_nothing(
     """One bad record among thousands, after the typed head (in a later parse block, or the very
     last line): the import is refused naming that line and field, and the rows an earlier import
     stored are exactly as they were (nothing added, nothing lost)."""
-    recs = copy.deepcopy(big)  # mutated below
+    line = len(big) if where == "last_record" else 3 * len(big) // 4
+    recs = list(big)
+    recs[line - 1] = copy.deepcopy(big[line - 1])  # the one record mutated below
     con = _store(tmp_path, nota)
     earlier = _write_jsonl(tmp_path / "earlier.jsonl", [dict(r, model="earlier-model") for r in recs[:25]])
     assert import_predictions(con, earlier).added == 25
     before = _stored(con)
-    line = len(recs) if where == "last_record" else 3 * len(recs) // 4
     mutate(recs[line - 1])
     f = _write(tmp_path / f"{name}.jsonl", recs)
     assert f.read_bytes()[:_BLOCK].count(b"\n") < line - 1  # the bad record lies past the typed head

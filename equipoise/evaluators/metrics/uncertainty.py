@@ -396,11 +396,13 @@ def _wrapped(
     **extra: str,
 ) -> str:
     text = (SQL_DIR / REGISTRY[name].sql).read_text(encoding="utf-8")
+    # every template gets the scores' source mode; those that do not name it ignore it
     return text.format(
         scores_sql=_scores_source(con, by, params, split_key=split_key, item_ord=item_ord),
         by=_by(by),
         part=_by(by),
         strata=_strata(by),
+        source_mode=_source_mode(con),
         **extra,
     )
 
@@ -627,7 +629,6 @@ def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) 
         ),
         long_continuous=_long_scores([cols[k] for k in continuous], continuous, len(cols)),
         score_names=", ".join(sql_literal(c) for c in cols),
-        source_mode=_source_mode(con),
         **_group_ids(by),
     )
 
@@ -683,7 +684,6 @@ def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict
         aggregates=aggregates,
         scales=", ".join(s for s, _ in means),
         unpivot_in=_unpivot_in(cols, ("n", "m")),
-        source_mode=_source_mode(con),
     )
 
 
