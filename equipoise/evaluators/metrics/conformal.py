@@ -963,9 +963,9 @@ def _test_rep_prefix(mask: str, score: str, values: dict) -> str:
     a pass connection (the callers' order: ``equipoise metrics`` and metrics_bench pass the metrics
     in name order, and both are in lane group ``conformal``), conformal_lac reads them instead of
     aggregating every unit again; otherwise it computes them itself, with the same result, so
-    only speed depends on the order. They
-    depend on what the thresholds depend on (the mask table, the score and alpha) and, through the
-    score lists, on nothing else: the sample is part of the mask table's name."""
+    only speed depends on the order. They depend on what the thresholds depend on (the mask table,
+    the score and alpha) and, through the score lists, on nothing else: the sample is part of the
+    mask table's name."""
     return "_conf_trep_" + _threshold_key(mask, score, values)
 
 

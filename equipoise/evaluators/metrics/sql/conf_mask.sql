@@ -1,11 +1,11 @@
--- The calibration mask of split conformal: for every unit of `mask_units` (defined before this
--- fragment: gid, sid, run_id, ukey and any other columns, which are passed through) and every one of
--- the {repeats} random splits, whether the unit is calibration (bit set) or test. Composed by
--- conformal.py (a list of CTEs, no WITH); `unit_mask` is the result: the columns of `mask_units`
--- but run_id and ukey, plus UBIGINT words m0, m1, ... (bit r % 64 of word r // 64 = calibration in
--- repeat r, so any number of repeats fits). It depends on nothing but the units (group, stratum, run_id, unit key), the seed,
--- the repeats and cal_fraction, never on a score: conformal.py computes it once per connection and
--- unit set and shares it between LAC, APS and coverage_by when the base relations are fixed.
+-- The calibration mask of split conformal: for every unit of `mask_units` (defined before this fragment: gid,
+-- sid, run_id, ukey and any other columns, which are passed through) and every one of the {repeats} random
+-- splits, whether the unit is calibration (bit set) or test. Composed by conformal.py (a list of CTEs, no
+-- WITH); `unit_mask` is the result: the columns of `mask_units` but run_id and ukey, plus UBIGINT words m0,
+-- m1, ... (bit r % 64 of word r // 64 = calibration in repeat r, so any number of repeats fits). It depends
+-- on nothing but the units (group, stratum, run_id, unit key), the seed, the repeats and cal_fraction, never
+-- on a score: conformal.py computes it once per connection and unit set and shares it between LAC, APS and
+-- coverage_by when the base relations are fixed.
 --
 -- Split (the definition): within each group (gid) and stratum (sid) the units are ordered by
 -- (h, ukey, run_id), h = the split hash of the unit key in that repeat (SplitMix64 output rep + 1
@@ -65,10 +65,10 @@ units_h AS (
     JOIN run_ids r USING (run_id)
     JOIN mask_strata s USING (gid, sid)
 ),
--- per stratum and repeat, every repeat side by side in one scan of the units (lo and hi joined by
--- skey here, not carried on every materialized unit row): how many keys lie below lo, and the keys inside the guessed window
--- [lo, hi) (a few % of the stratum) as one UHUGEINT h * 2**64 + uid each (the same order as
--- (h, uid)), sorted; the keys below hi are the two counts together (lo <= hi)
+-- per stratum and repeat, every repeat side by side in one scan of the units (lo and hi joined by skey here,
+-- not carried on every materialized unit row): how many keys lie below lo, and the keys inside the guessed
+-- window [lo, hi) (a few % of the stratum) as one UHUGEINT h * 2**64 + uid each (the same order as (h, uid)),
+-- sorted; the keys below hi are the two counts together (lo <= hi)
 window_cut AS (
     SELECT skey, {below},
            {window_lists}
