@@ -292,7 +292,7 @@ def child_duckdb(
     """`equipoise metrics --out DIR --jobs N` with no other options, timed per metric (compute +
     write). With ``jobs`` > 1 the metrics run in lanes (``pass_runner.run_pass``): each metric's time
     is its own wall time in its lane, so they add up to more than the total."""
-    from equipoise.evaluators.metrics.pass_runner import PassError, run_pass
+    from equipoise.evaluators.metrics.pass_runner import run_pass
     from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, prepare
     from equipoise.evaluators.store import connect
 
@@ -314,14 +314,14 @@ def child_duckdb(
         "SELECT current_setting('threads'), current_setting('memory_limit')"
     ).fetchall()[0]
     res.step("(open + prepare)", time.perf_counter() - t0)
-    left = {name: outdir / f"{name}.parquet" for name in _selected(sorted(REGISTRY), only)}
-    while left:  # a failing metric is reported, not fatal to the benchmark: the rest run on
-        try:
-            run_pass(con, left, jobs=jobs, on_done=lambda d: res.step(d.name, d.seconds))
-            break
-        except PassError as exc:
-            res.errors[exc.name] = "".join(traceback.format_exception(exc.error, limit=3))
-            left = {n: p for n, p in left.items() if n != exc.name and n not in res.times}
+    targets = {name: outdir / f"{name}.parquet" for name in _selected(sorted(REGISTRY), only)}
+
+    def failed(name: str, exc: BaseException) -> bool:
+        """A failing metric is reported, not fatal to the benchmark: the rest run on."""
+        res.errors[name] = "".join(traceback.format_exception(exc, limit=3))
+        return True
+
+    run_pass(con, targets, jobs=jobs, on_done=lambda d: res.step(d.name, d.seconds), on_error=failed)
     con.close()
     total, cpu = time.perf_counter() - t_all, cpu_s() - cpu0
     res.save(

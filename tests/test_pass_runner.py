@@ -196,6 +196,42 @@ def test_a_failing_metric_is_named_and_stops_the_pass(
     assert "brier" not in written and len(written) < len(_names()) - 1
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_on_error_records_a_failing_metric_and_the_pass_goes_on(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> None:
+    """What a report or the benchmark needs: with on_error returning True the failure is the
+    caller's record and every other metric is written; returning False stops the pass as without it."""
+    real = registry.write_result
+
+    def failing(con: duckdb.DuckDBPyConnection, name: str, path: Path, **kw: object) -> int:
+        if name in ("brier", "aurc"):
+            # aurc out of memory every time: beside other lanes it is retried alone, fails again
+            raise duckdb.OutOfMemoryException("no room") if name == "aurc" else ValueError("no such thing")
+        return real(con, name, path, **kw)
+
+    monkeypatch.setattr(registry, "write_result", failing)
+    errors: dict[str, BaseException] = {}
+    out = tmp_path / "o"
+    out.mkdir()
+    con = connect(store, read_only=True)
+    try:
+        done = run_pass(
+            con,
+            {n: out / f"{n}.parquet" for n in _names()},
+            jobs=jobs,
+            on_error=lambda name, exc: errors.setdefault(name, exc) is exc,
+        )
+        assert sorted(errors) == ["aurc", "brier"] and isinstance(errors["brier"], ValueError)
+        assert sorted(d.name for d in done) == [n for n in _names() if n not in errors]
+        assert {p.stem for p in out.glob("*.parquet")} == {d.name for d in done}
+        with pytest.raises(PassError) as info:
+            run_pass(con, {"brier": out / "brier.parquet"}, jobs=jobs, on_error=lambda name, exc: False)
+        assert info.value.name == "brier"
+    finally:
+        con.close()
+
+
 def test_a_metric_out_of_memory_beside_others_runs_again_alone(
     store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

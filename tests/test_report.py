@@ -55,3 +55,37 @@ def test_risk_coverage_plot_never_builds_the_per_prediction_frame(tmp_path, monk
     for xs, ys in drawn:
         assert 1 < len(xs) <= 21 and xs == sorted(xs) and xs[-1] == 1.0
         assert all(0.0 <= y <= 1.0 for y in ys)
+
+
+def test_report_skips_a_metric_the_store_cannot_give_and_stops_on_any_other_error(tmp_path, monkeypatch):
+    """A DuckDB or parameter error is one skipped line and every other table is written (the
+    metrics run as one pass in lanes); a bug elsewhere is raised as itself, not hidden."""
+    import duckdb
+    import pytest
+
+    from equipoise.evaluators import report as rep
+    from equipoise.evaluators.metrics import facts, registry
+    from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+
+    store = tmp_path / "s.duckdb"
+    make_store(store, SyntheticSpec(n_items=60, models=("m1", "m2"), samples=2, seed=5))
+    con = connect(store)
+    facts.refresh(con)  # current facts: the pass runs in lanes
+    con.close()
+    real = registry.write_result
+    broken: dict[str, Exception] = {"brier": duckdb.BinderException("no column x")}
+
+    def failing(con, name, path, **kw):
+        if name in broken:
+            raise broken[name]
+        return real(con, name, path, **kw)
+
+    monkeypatch.setattr(registry, "write_result", failing)
+    monkeypatch.setattr(rep, "PLOTS", {})
+    got = rep.write_report(store, tmp_path / "r")
+    assert got.skipped == ["brier: no column x"]
+    assert got.tables == sorted(f"{n}.csv" for n in registry.REGISTRY if n != "brier")
+    assert sorted(p.name for p in (tmp_path / "r").glob("*.csv")) == got.tables
+    broken["aurc"] = KeyError("a bug")
+    with pytest.raises(KeyError, match="a bug"):
+        rep.write_report(store, tmp_path / "r2")

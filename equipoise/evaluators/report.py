@@ -16,13 +16,12 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
 
+from equipoise.evaluators.metrics.pass_runner import PassError, run_pass
 from equipoise.evaluators.metrics.registry import (
     REGISTRY,
     _load_all,
     compute,
-    prepare,
     result_sql,
-    write_result,
 )
 from equipoise.evaluators.store import connect
 
@@ -229,10 +228,13 @@ PLOTS: dict[str, tuple[tuple[str, ...], Callable[[duckdb.DuckDBPyConnection, Pat
 def write_report(store: Path, out: Path, memory_limit: str | None = None) -> Report:
     """Every metric as CSV plus the plots; ``memory_limit`` as in ``store.connect``.
 
-    Tables go through ``write_result``: a metric that is one query is copied by DuckDB straight to
-    its CSV, so no frame of all predictions (or per-item scores) is built here; only the small
-    aggregated results and the plots' inputs pass through pandas. A folder that cannot be created
-    is a ``ValueError`` naming it, raised before the store is opened.
+    Tables are one metrics pass (``pass_runner.run_pass``, in its default lanes): each goes through
+    ``write_result``, where a metric that is one query is copied by DuckDB straight to its CSV, so
+    no frame of all predictions (or per-item scores) is built here; only the small aggregated
+    results and the plots' inputs pass through pandas. A metric the store cannot give (a DuckDB or
+    parameter error) is listed as skipped and the rest are written; any other error stops the
+    report. A folder that cannot be created is a ``ValueError`` naming it, raised before the store
+    is opened.
     """
     _load_all()
     try:
@@ -242,15 +244,23 @@ def write_report(store: Path, out: Path, memory_limit: str | None = None) -> Rep
     con = connect(store, read_only=True, memory_limit=memory_limit)
     rep = Report(out)
     try:
-        prepare(con, materialize=True)  # the base joins once for every table and plot
-        for name in sorted(REGISTRY):
-            path = out / f"{name}.csv"
-            try:
-                write_result(con, name, path)
-            except (duckdb.Error, ValueError) as exc:
-                rep.skipped.append(f"{name}: {str(exc).splitlines()[0]}")
-                continue
-            rep.tables.append(path.name)
+        def skipped(name: str, exc: BaseException) -> bool:
+            if not isinstance(exc, (duckdb.Error, ValueError)):
+                return False
+            rep.skipped.append(f"{name}: {str(exc).splitlines()[0]}")
+            return True
+
+        try:  # prepares the base joins once for every table and plot
+            run_pass(
+                con,
+                {name: out / f"{name}.csv" for name in sorted(REGISTRY)},
+                on_done=lambda done: rep.tables.append(done.path.name),
+                on_error=skipped,
+            )
+        except PassError as exc:
+            raise exc.error from None  # the metric's own error, as a caller of one metric would see it
+        rep.tables.sort()  # the lanes finish in any order
+        rep.skipped.sort()
         for fname, (needs, fn) in PLOTS.items():
             if not all(n in REGISTRY for n in needs):
                 rep.skipped.append(f"{fname}: needs metrics {needs}")

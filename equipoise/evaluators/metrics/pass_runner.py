@@ -150,14 +150,18 @@ def run_pass(
     params: Mapping[str, dict] | None = None,
     jobs: int = DEFAULT_JOBS,
     on_done: Callable[[MetricDone], None] | None = None,
+    on_error: Callable[[str, BaseException], bool] | None = None,
 ) -> list[MetricDone]:
     """Write every metric of ``targets`` (name -> file, ``registry.write_result``) over the store of
     ``con``, in up to ``jobs`` lanes (see the module docstring), grouped by ``by`` (default: each
     metric's own) with ``params[name]``. Prepares ``con`` for a pass (``prepare(materialize=True)``)
     and a cursor per further lane, closed at the end. ``on_done`` is called after each metric, one
     call at a time (progress, caching the file). A failure stops the lanes from taking further
-    metrics and raises ``PassError`` for the first failed metric in ``targets`` order; a metric out of
-    memory beside others is run again alone at the end. Returns the metrics in the order done."""
+    metrics and raises ``PassError`` for the first failed metric in ``targets`` order, unless
+    ``on_error(name, error)`` (called like ``on_done``) returns True: the failure is then the
+    caller's record and the pass goes on (a report skips a metric the store cannot give, a benchmark
+    reports it). A metric out of memory beside others is run again alone at the end. Returns the
+    metrics in the order done."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     registry.prepare(con, materialize=True)
@@ -196,7 +200,7 @@ def run_pass(
                 with lock:
                     if jobs > 1 and isinstance(exc, duckdb.OutOfMemoryException):
                         retry.append((name, lane))  # beside other lanes: run again alone at the end
-                    else:
+                    elif on_error is None or not on_error(name, exc):
                         failed[name] = exc
 
     def work(lane: int, c: duckdb.DuckDBPyConnection) -> None:
@@ -246,7 +250,8 @@ def run_pass(
             try:
                 run_one(lane, lanes[lane], name)
             except Exception as exc:
-                raise PassError(name, exc) from exc
+                if on_error is None or not on_error(name, exc):
+                    raise PassError(name, exc) from exc
     finally:
         for cur in lanes[1:]:
             cur.close()
