@@ -16,7 +16,7 @@ import pytest
 
 from equipoise.builders.clindet_suite import build_clindet
 from equipoise.builders.mcq_build import build_mcq_suite
-from equipoise.evaluators.metrics.registry import REGISTRY, STRATA, _load_all, compute, prepare
+from equipoise.evaluators.metrics.registry import REGISTRY, STRATA, compute, metric_names, prepare
 from equipoise.evaluators.reference_run import run_reference_policies
 from equipoise.evaluators.store import connect
 
@@ -45,12 +45,8 @@ def _params(name: str) -> dict:
     return {k: v for k, v in FAST.items() if k in REGISTRY[name].params}
 
 
-def _metrics() -> list[str]:
-    _load_all()
-    return sorted(REGISTRY)
 
-
-@pytest.mark.parametrize("name", _metrics())
+@pytest.mark.parametrize("name", metric_names())
 def test_every_grouping_keeps_its_shape(store, name):
     con = duckdb.connect(str(store), read_only=True)
     try:
@@ -74,7 +70,7 @@ def test_every_grouping_keeps_its_shape(store, name):
         con.close()
 
 
-@pytest.mark.parametrize("name", _metrics())
+@pytest.mark.parametrize("name", metric_names())
 def test_materialized_base_tables_give_the_same_numbers(store, name):
     views = duckdb.connect(str(store), read_only=True)
     tables = duckdb.connect(str(store), read_only=True)
@@ -162,7 +158,7 @@ def test_option_probabilities_do_not_depend_on_row_order_or_threads(tmp_path):
         pd.testing.assert_frame_equal(ref, _probs(path, threads, materialize), check_exact=True)
 
 
-@pytest.mark.parametrize("name", _metrics())
+@pytest.mark.parametrize("name", metric_names())
 def test_written_result_equals_the_computed_frame(store, tmp_path, name):
     """write_result streams one-query metrics from DuckDB to Parquet (no pandas frame) and sends the
     others through compute; either way the file holds exactly the frame compute returns."""

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from equipoise.cli import app
 from equipoise.evaluators.metrics import facts, pass_runner, registry
 from equipoise.evaluators.metrics.pass_runner import PassError, cache_group, run_pass, schedule
-from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, prepare, write_result
+from equipoise.evaluators.metrics.registry import metric_names, prepare, write_result
 from equipoise.evaluators.store import connect, memory_bytes
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 
@@ -30,10 +30,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _names() -> list[str]:
-    _load_all()
-    return sorted(REGISTRY)
-
 
 @pytest.fixture(scope="module")
 def sequential(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -42,7 +38,7 @@ def sequential(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     con = connect(store, read_only=True)
     try:
         prepare(con, materialize=True)
-        for name in _names():
+        for name in metric_names():
             write_result(con, name, out / f"{name}.parquet")
     finally:
         con.close()
@@ -53,7 +49,7 @@ def _lanes(store: Path, out: Path, jobs: int) -> list[pass_runner.MetricDone]:
     out.mkdir()
     con = connect(store, read_only=True)
     try:
-        return run_pass(con, {n: out / f"{n}.parquet" for n in _names()}, jobs=jobs)
+        return run_pass(con, {n: out / f"{n}.parquet" for n in metric_names()}, jobs=jobs)
     finally:
         con.close()
 
@@ -63,21 +59,23 @@ def test_a_pass_in_lanes_writes_the_same_bytes_as_one_metric_at_a_time(
     store: Path, sequential: Path, tmp_path: Path, jobs: int
 ) -> None:
     done = _lanes(store, tmp_path / "lanes", jobs)
-    assert sorted(d.name for d in done) == _names()  # each metric once
+    assert sorted(d.name for d in done) == metric_names()  # each metric once
     lanes_used = {d.lane for d in done}
     assert lanes_used <= set(range(jobs)) and 0 in lanes_used and (jobs == 1 or len(lanes_used) > 1)
     seq, lanes = sequential, tmp_path / "lanes"
     differ = [
-        n for n in _names() if (seq / f"{n}.parquet").read_bytes() != (lanes / f"{n}.parquet").read_bytes()
+        n
+        for n in metric_names()
+        if (seq / f"{n}.parquet").read_bytes() != (lanes / f"{n}.parquet").read_bytes()
     ]
     assert differ == []
     assert all(d.seconds > 0 for d in done)
 
 
 def test_metrics_that_share_caches_run_in_one_lane_and_the_heavy_groups_in_lane_0(store: Path) -> None:
-    heavy, light = schedule(_names())
+    heavy, light = schedule(metric_names())
     groups = heavy + light
-    assert sorted(itertools.chain.from_iterable(groups)) == _names()
+    assert sorted(itertools.chain.from_iterable(groups)) == metric_names()
     for group in groups:
         assert len({cache_group(n) for n in group}) == 1
     # metrics sharing TEMP caches: the conformal mask, aurc / prr, ece / reliability, the unc bounds
@@ -102,7 +100,7 @@ def test_metrics_that_share_caches_run_in_one_lane_and_the_heavy_groups_in_lane_
         assert len({lane[n] for n in together}) == 1, together
     # every weighed or heavy group is one that exists (a misspelt name would silently weigh 0)
     named = set(pass_runner.GROUP_WEIGHTS) | set(pass_runner.HEAVY_GROUPS)
-    assert named <= {cache_group(n) for n in _names()}
+    assert named <= {cache_group(n) for n in metric_names()}
 
 
 def test_lanes_keep_the_pass_memory_cap_of_the_first_connection(
@@ -123,7 +121,7 @@ def test_lanes_keep_the_pass_memory_cap_of_the_first_connection(
         capped = con.execute(q).fetchall()[0][0]
         assert memory_bytes(capped) == pytest.approx((20 * size - size // 10) / 1.15, rel=0.05)
         (tmp_path / "o").mkdir()
-        done = run_pass(con, {n: tmp_path / "o" / f"{n}.parquet" for n in _names()}, jobs=3)
+        done = run_pass(con, {n: tmp_path / "o" / f"{n}.parquet" for n in metric_names()}, jobs=3)
         assert len({d.lane for d in done}) > 1  # lanes ran
         assert con.execute(q).fetchall()[0][0] == capped
     finally:
@@ -148,7 +146,7 @@ def test_lanes_share_duckdbs_threads_out_and_restore_them(
             seen.add(int(probe.execute("SELECT current_setting('threads')").fetchone()[0]))
 
         (tmp_path / "o").mkdir()
-        names = _names()[:6] if jobs == 1 else _names()
+        names = metric_names()[:6] if jobs == 1 else metric_names()
         run_pass(con, {n: tmp_path / "o" / f"{n}.parquet" for n in names}, jobs=jobs, on_done=look)
         assert seen == {during}
         assert int(con.execute("SELECT current_setting('threads')").fetchone()[0]) == threads
@@ -162,7 +160,7 @@ def test_without_current_facts_the_pass_is_sequential(tmp_path: Path) -> None:
     make_store(path, SyntheticSpec(n_items=20, models=("m1",), samples=2, seed=3))
     done = _lanes(path, tmp_path / "o", 2)
     assert {d.lane for d in done} == {0}
-    assert [d.name for d in done] == _names()  # and in the caller's order
+    assert [d.name for d in done] == metric_names()  # and in the caller's order
 
 
 def test_a_failing_metric_is_named_and_stops_the_pass(
@@ -184,7 +182,7 @@ def test_a_failing_metric_is_named_and_stops_the_pass(
     try:
         con.execute("SET threads = 4")
         with pytest.raises(PassError) as info:
-            run_pass(con, {n: out / f"{n}.parquet" for n in _names()}, jobs=2)
+            run_pass(con, {n: out / f"{n}.parquet" for n in metric_names()}, jobs=2)
         # the settings the lanes shared out are the caller's again
         assert int(con.execute("SELECT current_setting('threads')").fetchone()[0]) == 4
     finally:
@@ -193,7 +191,7 @@ def test_a_failing_metric_is_named_and_stops_the_pass(
     assert info.value.name == "brier" and isinstance(info.value.error, ValueError)
     # the lanes stopped taking metrics: the light lane's other groups were never written
     written = {p.stem for p in (tmp_path / "o").glob("*.parquet")}
-    assert "brier" not in written and len(written) < len(_names()) - 1
+    assert "brier" not in written and len(written) < len(metric_names()) - 1
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
@@ -218,12 +216,12 @@ def test_on_error_records_a_failing_metric_and_the_pass_goes_on(
     try:
         done = run_pass(
             con,
-            {n: out / f"{n}.parquet" for n in _names()},
+            {n: out / f"{n}.parquet" for n in metric_names()},
             jobs=jobs,
             on_error=lambda name, exc: errors.setdefault(name, exc) is exc,
         )
         assert sorted(errors) == ["aurc", "brier"] and isinstance(errors["brier"], ValueError)
-        assert sorted(d.name for d in done) == [n for n in _names() if n not in errors]
+        assert sorted(d.name for d in done) == [n for n in metric_names() if n not in errors]
         assert {p.stem for p in out.glob("*.parquet")} == {d.name for d in done}
         with pytest.raises(PassError) as info:
             run_pass(con, {"brier": out / "brier.parquet"}, jobs=jobs, on_error=lambda name, exc: False)
@@ -249,7 +247,7 @@ def test_a_metric_out_of_memory_beside_others_runs_again_alone(
     assert tries == ["aurc"]
     # run again after the lanes, alone, on its own lane's connection (where prr, its group, ran)
     assert done[-1].name == "aurc" and done[-1].lane == next(d.lane for d in done if d.name == "prr")
-    assert sorted(d.name for d in done) == _names()
+    assert sorted(d.name for d in done) == metric_names()
 
 
 def test_cli_metrics_out_with_jobs_writes_the_same_files_and_caches_them(
@@ -267,8 +265,9 @@ def test_cli_metrics_out_with_jobs_writes_the_same_files_and_caches_them(
         r = runner.invoke(app, [*args, *(["--no-cache"] if jobs == 1 else [])])
         assert r.exit_code == 0, r.output
         outs[jobs] = {p.name: p.read_bytes() for p in sorted(out.glob("*.parquet"))}
-        assert sorted(line.split(":")[0] for line in r.output.splitlines() if "rows ->" in line) == _names()
-    assert len(outs[1]) == len(_names()) and outs[1] == outs[2]
+        written = sorted(line.split(":")[0] for line in r.output.splitlines() if "rows ->" in line)
+        assert written == metric_names()
+    assert len(outs[1]) == len(metric_names()) and outs[1] == outs[2]
 
     def refused(*a: object, **k: object) -> None:
         raise AssertionError("computed although every result is cached")

@@ -359,6 +359,14 @@ def write_result(
     return int(copied[0]) if copied else 0
 
 
+def metric_names() -> list[str]:
+    """Every metric's name, sorted: the metrics of a full pass (``equipoise metrics``, the report,
+    the benchmarks), in the order a sequential pass writes them. Imports every metric module first,
+    since a metric exists once its module is imported."""
+    _load_all()
+    return sorted(REGISTRY)
+
+
 def _load_all() -> None:
     """Import every module of this package once: importing a module registers its metrics."""
     import importlib
