@@ -19,6 +19,7 @@ import duckdb
 import pandas as pd
 
 from equipoise.evaluators.metrics import facts
+from equipoise.evaluators.procfs import status_kib
 from equipoise.evaluators.store import scalar, sql_literal
 
 SQL_DIR = Path(__file__).parent / "sql"
@@ -180,14 +181,8 @@ PASS_BASELINE_MIN = 256 * 2**20
 
 def process_rss() -> int | None:
     """This process's resident memory now (``VmRSS``, Linux), in bytes; None where unknown."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    kib = status_kib("VmRSS")
+    return None if kib is None else kib * 1024
 
 
 def own_memory(con: duckdb.DuckDBPyConnection) -> int | None:
