@@ -18,12 +18,11 @@ WITH d AS (
     WHERE task = 'determinability' AND NOT starts_with(prompt_style, 'self_eval:')
 ),
 se_runs AS (
-    SELECT run_id, model, backend, dataset_id, config,
-           substr(prompt_style, length('self_eval:') + 1)                  AS judged_style,
-           dense_rank() OVER (ORDER BY model, backend, dataset_id, config,
-                                       substr(prompt_style, length('self_eval:') + 1)) AS se_class
-    FROM runs
-    WHERE starts_with(prompt_style, 'self_eval:')
+    SELECT *, dense_rank() OVER (ORDER BY model, backend, dataset_id, config, judged_style) AS se_class
+    FROM (SELECT run_id, model, backend, dataset_id, config,
+                 substr(prompt_style, length('self_eval:') + 1) AS judged_style
+          FROM runs
+          WHERE starts_with(prompt_style, 'self_eval:'))
 ),
 decision_class AS (  -- each decision run's self-evaluation class (runs without one are absent)
     SELECT DISTINCT r.run_id, s.se_class
