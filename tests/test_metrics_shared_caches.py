@@ -110,6 +110,31 @@ def test_aurc_and_prr_share_their_query_rows(store, by, params):
 
 
 @pytest.mark.parametrize("by", BYS)
+@pytest.mark.parametrize("params", CAL_PARAMS)
+def test_tie_blocks_by_one_sort_equal_the_windowed_blocks(store, by, params):
+    """On a connection with fixed relations the tie blocks come from one sort and a streaming scan
+    (cal_blocks_sorted.sql), which needs insertion order; without it they come from the windowed
+    cal_blocks.sql. Both give the same rows, so the metrics that read them agree bit for bit."""
+    names = ("auroc", "aurc", "risk_coverage")
+    with _plain_and_prepared(store) as (_, tables):
+        want = {name: compute(tables, name, by, params) for name in names}
+        n_sorted = _kept(tables, "_cal_blocks_")
+    with _plain_and_prepared(store) as (_, tables):
+        # a global setting: every connection of this process to the store sees it, so reset it
+        tables.execute("SET preserve_insertion_order = false")
+        try:
+            got = {name: compute(tables, name, by, params) for name in names}
+            n_windowed = _kept(tables, "_cal_blocks_")
+        finally:
+            tables.execute("SET preserve_insertion_order = true")
+    for name in names:
+        assert len(want[name]) > 0
+        pd.testing.assert_frame_equal(got[name], want[name], check_exact=True, obj=name)
+    # the sorted path keeps its groups' table beside the blocks, the windowed one does not
+    assert (n_sorted, n_windowed) == (2, 1)
+
+
+@pytest.mark.parametrize("by", BYS)
 def test_ece_and_reliability_bins_are_kept_per_bin_count(store, by):
     """ece and reliability read one per-bin TEMP table per (confidence, samples, by, n_bins): after
     one bin count filled it, another bin count, and the other metric, still give the views' numbers."""

@@ -198,21 +198,49 @@ def _prepare_step(
 # not a registered metric: a shared first step, rendered like one (by, group_by, by_list)
 _BLOCKS = Metric(name="cal_blocks", description="tie blocks of cal_samples", sql="cal_blocks.sql")
 _BLOCK_METRICS = ("auroc", "aurc", "prr", "risk_coverage")  # their SQL reads cal_blocks
+# the same blocks from a sort and a streaming scan, on a connection with fixed base relations
+_BLOCKS_SORTED = Metric(
+    name="cal_blocks_sorted", description="tie blocks by one sort", sql="cal_blocks_sorted.sql"
+)
 
 
 def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str]) -> None:
-    """Create the ``cal_blocks`` view (``sql/cal_blocks.sql``) over ``cal_samples`` grouped by ``by``.
+    """Create the ``cal_blocks`` view over ``cal_samples`` grouped by ``by``.
 
-    Four metrics start with the same tie blocks in confidence order (one window sort of a group's
-    rows, see the SQL file); on a connection with fixed base relations (see ``prepare_samples``)
-    they are computed once per (confidence, samples, by) into a TEMP table, otherwise it stays a
-    view over the live ``cal_samples``.
+    Four metrics start with the same tie blocks in confidence order; on a connection with fixed
+    base relations (see ``prepare_samples``) they are computed once per (confidence, samples, by)
+    into TEMP tables by ``sql/cal_blocks_sorted.sql`` (one plain sort into a narrow table, then a
+    streaming scan of it in that order: about a fifth less CPU than the partitioned window at 1M
+    predictions, same rows), and ``cal_blocks`` is a view of them. That needs a table scan to
+    return the rows in insertion order (``preserve_insertion_order``, DuckDB's default); without
+    it, and on a connection with live views, the blocks are ``sql/cal_blocks.sql`` (a window
+    partitioned by group): cached into a TEMP table where the relations are fixed, else a view
+    over the live ``cal_samples``.
     """
     p = _params(params)
     by = _check_by(by)
     # rows to their group's number in cal_blocks.sql: NULL-safe, a NULL stratum is a group too
     match = " AND ".join(f"s.{c} IS NOT DISTINCT FROM gk.{c}" for c in by) or "true"
-    _prepare_step(con, _BLOCKS, p, by, "", {"by_match": match})
+    if not _materialized(con) or not _insertion_ordered(con):
+        _prepare_step(con, _BLOCKS, p, by, "", {"by_match": match})
+        return
+    prepare_samples(con, p, by)
+    table = f"_cal_blocks_{_cache_key(p, by)}"
+    names = {"view": "cal_blocks", "blocks": table, "groups": f"{table}_groups", "rows": f"{table}_rows"}
+    sql = render_sql(_BLOCKS_SORTED, by, {"by_match": match, **names})
+    # the tables exist (filled by an earlier metric of this key): only point the view at them
+    view = sql.split(_VIEW_MARK, 1)[1].split("\n", 1)[1]
+    con.execute(view if table in temp_tables(con) else sql)
+
+
+# the line of cal_blocks_sorted.sql after which its last statement, the view, starts
+_VIEW_MARK = "-- the view (calibration.py"
+
+
+def _insertion_ordered(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether a scan of a table returns its rows in the order they were inserted
+    (``preserve_insertion_order``, DuckDB's default), which ``cal_blocks_sorted.sql`` needs."""
+    return bool(con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0])
 
 
 # not a registered metric either: the per-bin step of ece, reliability and brier
