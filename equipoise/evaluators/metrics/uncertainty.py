@@ -644,7 +644,13 @@ def _unpivot_in(cols: Sequence[str], prefixes: Sequence[str]) -> str:
 MEAN_BITS = 61
 
 
-def _exact_mean(col: str) -> tuple[str, str]:
+# DuckDB's integer types: a score of one of these is finite once cast to DOUBLE (see _exact_mean)
+_INTEGER_TYPES = frozenset(
+    {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
+)
+
+
+def _exact_mean(col: str, integer: bool = False) -> tuple[str, str]:
     """A deterministic mean of score ``col`` for unc_summary: (the select item of its scale, over all
     rows of ``sc``; the aggregate of its mean, per group).
 
@@ -656,8 +662,18 @@ def _exact_mean(col: str) -> tuple[str, str]:
     |value| per term (below the mean's last bit unless the group's mean is more than about 500
     times smaller than the column's largest finite |value|). A group holding inf or NaN gets
     ``avg()``: inf, -inf or NaN, the same in any order. Cost at 1M rows, 20 scores: about 0.17 s
-    instead of 0.04 s (a value-sorted list was 0.6 s)."""
+    instead of 0.04 s (a value-sorted list was 0.6 s).
+
+    ``integer``: the column is of an integer type, so every value cast to DOUBLE is finite: the
+    finiteness test is left out and so is the ``avg()`` branch it could never take, the same
+    numbers for less work (unc_summary's five count scores: about 0.015 s of its 0.21 s)."""
     x = f"CAST({col} AS DOUBLE)"
+    if integer:
+        scale = (
+            f"CASE WHEN max(abs({x})) > 0 THEN "
+            f"pow(2.0, least(1000, {MEAN_BITS} - (floor(log2(max(abs({x})))) + 1))) ELSE 1.0 END AS s__{col}"
+        )
+        return scale, f"sum(({x} * s__{col})::BIGINT)::DOUBLE / any_value(s__{col}) / count({col})"
     finite = f"CASE WHEN isfinite({x}) THEN {x} END"
     scale = (
         f"CASE WHEN max(abs({finite})) > 0 THEN "
@@ -672,7 +688,10 @@ def _exact_mean(col: str) -> tuple[str, str]:
 
 def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", SCORE_COLUMNS)
-    means = [_exact_mean(c) for c in cols]
+    # the scores' types, from the relation the metric reads (DESCRIBE binds it, computes nothing)
+    described = con.execute(f"DESCRIBE {_scores_source(con, by, params)}").fetchall()
+    types = {str(r[0]): str(r[1]) for r in described}
+    means = [_exact_mean(c, integer=types.get(c) in _INTEGER_TYPES) for c in cols]
     aggregates = ", ".join(
         f"count({c}) AS n__{c}, {mean} AS m__{c}" for c, (_, mean) in zip(cols, means, strict=True)
     )
