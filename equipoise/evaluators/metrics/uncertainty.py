@@ -594,15 +594,23 @@ def _long_scores(cols: Sequence[str], positions: Sequence[int], n_scores: int) -
     _v (NaN read as NULL). An empty list gives no rows. _part is a 4-byte UINTEGER, not the BIGINT
     the arithmetic yields: the window sorts on (_part, _v), and the narrower key made that sort
     about 25% cheaper (a store would need over 4e9 (group, score) pairs to overflow it, which
-    raises an error rather than a wrong number)."""
+    raises an error rather than a wrong number).
+
+    One SELECT of ``keyed`` per score under UNION ALL, each reading its own score column, rather
+    than one SELECT that unnests a list of every score: the same rows, and neither consumer
+    depends on their order (a count per value, or a window partitioned and ordered by the value,
+    where rows of one value are peers), and unc_auroc took about 0.04 s (some 4%) less CPU at 1M
+    predictions with one DuckDB thread (0.895-0.906 -> 0.850-0.869 s, back to back): building the
+    lists and unnesting them cost more than scanning ``keyed`` once per score. Over plain views
+    ``sc`` (the whole unc_scores query, referenced through ``keyed`` once per score) is still
+    computed once: DuckDB materializes it (measured on a small store: the same CPU as before)."""
     if not cols:
         return "SELECT NULL::UINTEGER AS _part, NULL::BOOLEAN AS _incorrect, NULL::DOUBLE AS _v WHERE false"
-    values = ", ".join(f"CAST({c} AS DOUBLE)" for c in cols)
-    keys = ", ".join(str(k) for k in positions)
-    return (
-        f"SELECT (_gid * {n_scores} + _k)::UINTEGER AS _part, _incorrect, "
-        "CASE WHEN NOT isnan(_u) THEN _u END AS _v "
-        f"FROM (SELECT _gid, _incorrect, unnest([{values}]) AS _u, unnest([{keys}]) AS _k FROM keyed)"
+    # one line: the SQL templates quote their inputs inside comments
+    return " UNION ALL ".join(
+        f"SELECT (_gid * {n_scores} + {k})::UINTEGER AS _part, _incorrect, "
+        f"CASE WHEN NOT isnan(CAST({c} AS DOUBLE)) THEN CAST({c} AS DOUBLE) END AS _v FROM keyed"
+        for c, k in zip(cols, positions, strict=True)
     )
 
 
