@@ -988,6 +988,57 @@ def test_unc_summary_means_are_the_same_bits_in_any_row_order_and_thread_count()
     assert got[3] is None and got[4] == 0.0
 
 
+@pytest.mark.parametrize("sql_type", ["BIGINT", "INTEGER", "SMALLINT", "UBIGINT"])
+def test_unc_summary_integer_means_equal_the_general_form(sql_type: str) -> None:
+    """For a column of an integer type _exact_mean leaves out the finiteness test and the avg()
+    branch: the same doubles as the general form, which every integer takes (finite as a DOUBLE),
+    here with NULLs, an all-NULL and an all-zero group, negative values and values past 2**53."""
+    from equipoise.evaluators.metrics.uncertainty import _exact_mean
+
+    rng = np.random.default_rng(11)
+    n = 30_000
+    big = 2**62 if sql_type in ("BIGINT", "UBIGINT") else 30_000
+    low = 0 if sql_type == "UBIGINT" else -big
+    drop = rng.random(n) < 0.05  # NULLs inside the populated groups too
+    vals = [None if d else int(v) for v, d in zip(rng.integers(low, big, n), drop, strict=True)]
+    vals += [None, 0, 0, None]
+    groups = [int(g) for g in rng.integers(0, 3, n)] + [3, 4, 4, 5]
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE t (g INTEGER, x {sql_type})")
+    con.executemany("INSERT INTO t VALUES (?, ?)", list(zip(groups, vals, strict=True)))
+
+    def means(integer: bool) -> list[tuple]:
+        scale, mean = _exact_mean("x", integer=integer)
+        return con.execute(
+            f"WITH sc AS (SELECT * FROM t), scale AS (SELECT {scale} FROM sc) "
+            f"SELECT g, {mean} AS m FROM sc CROSS JOIN scale GROUP BY g ORDER BY g"
+        ).fetchall()
+
+    general, integer = means(False), means(True)
+    assert integer == general and len(general) == 6
+    assert dict(general)[3] is None and dict(general)[4] == 0.0
+    assert "isfinite" not in _exact_mean("x", integer=True)[1] and "isfinite" in _exact_mean("x")[1]
+
+
+def test_unc_summary_takes_the_integer_form_for_the_count_scores(store) -> None:
+    """unc_summary reads its scores' types: the count scores (integers) get the integer form of
+    _exact_mean, the doubles keep the finiteness test (the means themselves are checked against
+    pandas by this file's unc_summary tests)."""
+    from equipoise.evaluators.metrics.registry import REGISTRY
+    from equipoise.evaluators.metrics.uncertainty import _summary_sql
+
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con)
+        sql = _summary_sql(con, ["model"], dict(REGISTRY["unc_summary"].params))
+    finally:
+        con.close()
+    for col in ("n_output_tokens", "n_words", "n_questions", "n_wait", "n_hedges"):
+        assert f"isfinite(CAST({col} AS DOUBLE))" not in sql
+    for col in ("avg_nll", "semantic_entropy", "elicited_confidence"):
+        assert f"isfinite(CAST({col} AS DOUBLE))" in sql
+
+
 @pytest.mark.parametrize("pool", ["item", "base"])
 def test_embedding_scores_do_not_depend_on_threads(store, pool):
     """EigenEmbed and RDS are sums of doubles (centroids, squared and absolute deviations): with

@@ -592,3 +592,38 @@ def _metrics_on_unc_scores(path: Path) -> tuple[dict[str, pd.DataFrame], bool]:
         return {p: compute(con, "unc_scores", params={"pool": p}) for p in facts.POOLS}, uses_facts(con)
     finally:
         con.close()
+
+
+@pytest.mark.parametrize("by", (None, ("suite", "variant"), ("specialty", "k")))
+def test_combiner_rows_ordered_in_numpy_equal_the_rows_sorted_by_duckdb(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, by: tuple[str, ...] | None
+) -> None:
+    """Over the write-time fact, unc_combiners' fitting rows come from DuckDB unsorted with one
+    integer key and numpy orders them (uncertainty._features_with_gid): the same rows in the same
+    order as the query's own ORDER BY gives (taken here by hiding the fact's item ranks from that
+    choice), so the fits, predictions and test AUROCs are the same bits."""
+    from equipoise.evaluators.metrics import uncertainty
+
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(store.read_bytes())
+    con = connect(path)
+    facts.refresh(con)
+    con.close()
+    _load_all()
+    con = connect(path, read_only=True)
+    try:
+        prepare(con, materialize=True)
+        assert uses_facts(con)
+        cols = list(REGISTRY["unc_combiners"].default_by if by is None else by)
+        params = dict(REGISTRY["unc_combiners"].params)
+        got = uncertainty._features_with_gid(con, cols, params, slim=True)
+        got_metric = compute(con, "unc_combiners", cols)
+        with monkeypatch.context() as m:
+            m.setattr(uncertainty, "_fact_with_item_ord", lambda con, params: None)
+            want = uncertainty._features_with_gid(con, cols, params, slim=True)
+            want_metric = compute(con, "unc_combiners", cols)
+    finally:
+        con.close()
+    assert len(got) > 100 and got["_gid"].nunique() > 1 and "_key" not in got.columns
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+    pd.testing.assert_frame_equal(got_metric, want_metric, check_exact=True)

@@ -32,8 +32,8 @@
 -- UINTEGER: the window sorts on it), not on the group's strings: {groups} numbers the distinct
 -- groups (_gid) and {keyed} tags each item with its _gid; the names come back at the end.
 -- sc and keyed are NOT MATERIALIZED when the scores are a table (the fact or the connection's
--- cache): each of the two branches then scans only its own seven scores, which cost less than
--- copying every row twice first (about 9% of this metric's CPU at 1M predictions).
+-- cache): each score's SELECT of keyed (uncertainty._long_scores) then scans only its own score,
+-- which cost less than copying every row first (about 9% of this metric's CPU at 1M predictions).
 WITH sc AS {source_mode} (
 {scores_sql}
 ),

@@ -17,6 +17,9 @@
 -- on (_rk, _item_ord), two integers when the fact holds _item_ord, rather than on the run_id
 -- string (the sort was about 40% of this query's CPU at 1M predictions, and comparing run_id
 -- strings a good part of it). The order is the same: _rk ranks the pairs as (_gid, run_id) sort.
+-- Over the write-time fact the rows for fitting are not sorted here at all ({order_by} is empty):
+-- they carry _key = _rk * 2**32 + _item_ord and the caller orders them by it in numpy
+-- (uncertainty._features_with_gid), which is cheaper than moving every row through a sort.
 -- base is MATERIALIZED: it feeds three consumers (inlined, each would read the scores again).
 WITH sc AS (
 {scores_sql}
@@ -41,4 +44,4 @@ SELECT {select}
 FROM base
 JOIN bounds ON {bounds_on}
 JOIN {groups_join}
-ORDER BY {order_by}
+{order_by}
