@@ -18,7 +18,7 @@ import pytest
 
 from equipoise.evaluators.metrics import compute, conformal
 from equipoise.evaluators.metrics.conformal import _split_hashes_expr, conformal_k
-from equipoise.evaluators.metrics.registry import prepare
+from equipoise.evaluators.metrics.registry import prepare, temp_tables
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 
 BY = ("model", "config")
@@ -834,5 +834,26 @@ def test_coverage_by_integer_codes_give_the_inline_frames(store, cov):
         inline = _compute(store, "conformal_coverage_by", BY, **params)
         assert len(shared) > 0
         pd.testing.assert_frame_equal(shared, inline, check_exact=True)
+    finally:
+        con.close()
+
+
+def test_coverage_by_codes_are_per_column_and_sample(store):
+    """The integer codes of coverage_by's column are a TEMP table of the connection
+    (``conformal._cov_keys_table``), named by the column and the sample: one connection reporting
+    by several columns and samples in turn (each column's codes computed once, then read) gives the
+    inline frame every time, and each column and sample has its own table."""
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        runs = [("specialty", 0), ("difficulty", 0), ("specialty", 1), ("k", 0), ("specialty", 0)]
+        for cov, sample in runs:
+            params = {"seed": 5, "repeats": 6, "coverage_by": cov, "sample_index": sample}
+            shared = compute(con, "conformal_coverage_by", list(BY), params)
+            inline = _compute(store, "conformal_coverage_by", BY, **params)
+            assert len(shared) > 0 or sample > 0  # a later sample may have no option scores
+            pd.testing.assert_frame_equal(shared, inline, check_exact=True)
+        tables = {t for t in temp_tables(con) if t.startswith("_conf_cov_keys_")}
+        assert len(tables) == len(set(runs))
     finally:
         con.close()
