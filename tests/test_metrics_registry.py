@@ -45,7 +45,6 @@ def _params(name: str) -> dict:
     return {k: v for k, v in FAST.items() if k in REGISTRY[name].params}
 
 
-
 @pytest.mark.parametrize("name", metric_names())
 def test_every_grouping_keeps_its_shape(store, name):
     con = duckdb.connect(str(store), read_only=True)

@@ -30,7 +30,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-
 @pytest.fixture(scope="module")
 def sequential(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The files of the pass as it was before lanes: one connection, every metric in name order."""
@@ -226,6 +225,15 @@ def test_on_error_records_a_failing_metric_and_the_pass_goes_on(
         with pytest.raises(PassError) as info:
             run_pass(con, {"brier": out / "brier.parquet"}, jobs=jobs, on_error=lambda name, exc: False)
         assert info.value.name == "brier"
+
+        def broken(name: str, exc: Exception) -> bool:
+            raise KeyError("the callback's own bug")
+
+        # an error raised by on_error itself (in a lane's thread with 2 jobs) is the pass's failure,
+        # not lost with its lane
+        with pytest.raises(PassError) as info:
+            run_pass(con, {n: out / f"{n}.parquet" for n in metric_names()}, jobs=jobs, on_error=broken)
+        assert info.value.name in ("aurc", "brier") and isinstance(info.value.error, KeyError)
     finally:
         con.close()
 

@@ -73,7 +73,10 @@ def test_report_skips_a_metric_the_store_cannot_give_and_stops_on_any_other_erro
     facts.refresh(con)  # current facts: the pass runs in lanes
     con.close()
     real = registry.write_result
-    broken: dict[str, Exception] = {"brier": duckdb.BinderException("no column x")}
+    broken: dict[str, Exception] = {
+        "brier": duckdb.BinderException("no column x"),
+        "aurc": ValueError(""),  # no message: named by its type
+    }
 
     def failing(con, name, path, **kw):
         if name in broken:
@@ -83,9 +86,9 @@ def test_report_skips_a_metric_the_store_cannot_give_and_stops_on_any_other_erro
     monkeypatch.setattr(registry, "write_result", failing)
     monkeypatch.setattr(rep, "PLOTS", {})
     got = rep.write_report(store, tmp_path / "r")
-    assert got.skipped == ["brier: no column x"]
-    assert got.tables == sorted(f"{n}.csv" for n in registry.REGISTRY if n != "brier")
+    assert got.skipped == ["aurc: ValueError", "brier: no column x"]
+    assert got.tables == [f"{n}.csv" for n in registry.metric_names() if n not in broken]
     assert sorted(p.name for p in (tmp_path / "r").glob("*.csv")) == got.tables
-    broken["aurc"] = KeyError("a bug")
+    broken["auroc"] = KeyError("a bug")
     with pytest.raises(KeyError, match="a bug"):
         rep.write_report(store, tmp_path / "r2")

@@ -17,13 +17,8 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
 
 from equipoise.evaluators.metrics.pass_runner import PassError, run_pass
-from equipoise.evaluators.metrics.registry import (
-    REGISTRY,
-    _load_all,
-    compute,
-    result_sql,
-)
-from equipoise.evaluators.store import connect
+from equipoise.evaluators.metrics.registry import compute, metric_names, result_sql
+from equipoise.evaluators.store import connect, first_line
 
 PLOT_POINTS = 2000  # most points drawn per risk-coverage curve
 
@@ -236,7 +231,7 @@ def write_report(store: Path, out: Path, memory_limit: str | None = None) -> Rep
     report. A folder that cannot be created is a ``ValueError`` naming it, raised before the store
     is opened.
     """
-    _load_all()
+    names = metric_names()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -244,25 +239,32 @@ def write_report(store: Path, out: Path, memory_limit: str | None = None) -> Rep
     con = connect(store, read_only=True, memory_limit=memory_limit)
     rep = Report(out)
     try:
-        def skipped(name: str, exc: BaseException) -> bool:
+        written: set[str] = set()
+        skipped: dict[str, str] = {}
+
+        def skip(name: str, exc: Exception) -> bool:
             if not isinstance(exc, (duckdb.Error, ValueError)):
                 return False
-            rep.skipped.append(f"{name}: {str(exc).splitlines()[0]}")
+            skipped[name] = first_line(exc)
             return True
 
+        failure: Exception | None = None
         try:  # prepares the base joins once for every table and plot
             run_pass(
                 con,
-                {name: out / f"{name}.csv" for name in sorted(REGISTRY)},
-                on_done=lambda done: rep.tables.append(done.path.name),
-                on_error=skipped,
+                {name: out / f"{name}.csv" for name in names},
+                on_done=lambda done: written.add(done.name),
+                on_error=skip,
             )
         except PassError as exc:
-            raise exc.error from None  # the metric's own error, as a caller of one metric would see it
-        rep.tables.sort()  # the lanes finish in any order
-        rep.skipped.sort()
+            failure = exc.error  # raised as itself, as a caller of that one metric would see it
+        if failure is not None:
+            raise failure
+        # in the metrics' order, whichever lane finished first
+        rep.tables = [f"{name}.csv" for name in names if name in written]
+        rep.skipped = [f"{name}: {skipped[name]}" for name in names if name in skipped]
         for fname, (needs, fn) in PLOTS.items():
-            if not all(n in REGISTRY for n in needs):
+            if not all(n in names for n in needs):
                 rep.skipped.append(f"{fname}: needs metrics {needs}")
                 continue
             if fn(con, out / fname):

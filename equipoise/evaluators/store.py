@@ -320,6 +320,12 @@ def scalar(con: duckdb.DuckDBPyConnection, query: str, params: list | None = Non
     return rows[0][0] if rows else None
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message, for a one-line report (DuckDB's messages go on with
+    context lines); the error's type name where its message is empty."""
+    return next(iter(str(exc).splitlines()), "") or type(exc).__name__
+
+
 def sql_literal(text: str) -> str:
     """``text`` as a SQL string literal (single quotes doubled): for values spliced into SQL that
     DuckDB cannot take as parameters (a COPY target, an IN list built once for several queries)."""
@@ -442,7 +448,7 @@ def connect(
     try:
         con = duckdb.connect(str(path), read_only=read_only, config=config)
     except (duckdb.InvalidInputException, duckdb.ParserException) as exc:
-        raise ValueError(f"memory limit {memory_limit!r}: {str(exc).splitlines()[0]}") from exc
+        raise ValueError(f"memory limit {memory_limit!r}: {first_line(exc)}") from exc
     except duckdb.IOException as exc:
         if "lock" in str(exc).lower():
             raise StoreLockedError(

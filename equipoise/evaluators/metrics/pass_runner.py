@@ -1,6 +1,7 @@
 """A metrics pass in lanes: many metrics written to their files over one store, ``jobs`` at a time.
 
-Why: a pass over a store's fact tables (``equipoise metrics --out DIR``) leaves cores idle. DuckDB
+Why: a pass over a store's fact tables (``equipoise metrics --out DIR``, ``equipoise report``)
+leaves cores idle. DuckDB
 runs each query on every core, but a metric also has single-threaded phases (a final sort or
 window, a Parquet write, pandas and scipy work on a small result), so one metric after another
 keeps two cores busy about 1.5 of the time (at 1M predictions: 10.4 CPU s in 6.8 s). Two metrics at
@@ -67,12 +68,12 @@ import duckdb
 from equipoise.evaluators.metrics import registry
 from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, uses_facts
 
-# the lanes of `equipoise metrics --out` (its --jobs) and of metrics_bench.py. Measured on 2 cores
-# (benchmarks/RESULTS.md, issue 13): at stop 22, 1M predictions, 5.97-6.20 s in 2 lanes against
-# 6.54-6.81 s in one, the same CPU and peak RSS; at stop 23, with the uncertainty metrics in lane
-# groups of their own and one DuckDB thread per lane, the 1M pass took 5.12 / 5.32 s (9.59 / 9.87
-# CPU s) against 5.43 / 5.54 s (10.23 / 10.55 CPU s) with two DuckDB threads per lane (the same
-# code, runs alternated). One lane (--jobs 1) is the sequential pass.
+# the lanes of `equipoise metrics --out` (its --jobs), of `equipoise report` and of metrics_bench.py.
+# Measured on 2 cores (benchmarks/RESULTS.md, issue 13): at stop 22, 1M predictions, 5.97-6.20 s in
+# 2 lanes against 6.54-6.81 s in one, the same CPU and peak RSS; at stop 23, with the uncertainty
+# metrics in lane groups of their own and one DuckDB thread per lane, the 1M pass took 5.12 / 5.32 s
+# (9.59 / 9.87 CPU s) against 5.43 / 5.54 s (10.23 / 10.55 CPU s) with two DuckDB threads per lane
+# (the same code, runs alternated). One lane (--jobs 1) is the sequential pass.
 DEFAULT_JOBS = 2
 
 # groups that run in lane 0 only, one at a time, in this order (see the module docstring): the
@@ -150,7 +151,7 @@ def run_pass(
     params: Mapping[str, dict] | None = None,
     jobs: int = DEFAULT_JOBS,
     on_done: Callable[[MetricDone], None] | None = None,
-    on_error: Callable[[str, BaseException], bool] | None = None,
+    on_error: Callable[[str, Exception], bool] | None = None,
 ) -> list[MetricDone]:
     """Write every metric of ``targets`` (name -> file, ``registry.write_result``) over the store of
     ``con``, in up to ``jobs`` lanes (see the module docstring), grouped by ``by`` (default: each
@@ -158,10 +159,13 @@ def run_pass(
     and a cursor per further lane, closed at the end. ``on_done`` is called after each metric, one
     call at a time (progress, caching the file). A failure stops the lanes from taking further
     metrics and raises ``PassError`` for the first failed metric in ``targets`` order, unless
-    ``on_error(name, error)`` (called like ``on_done``) returns True: the failure is then the
-    caller's record and the pass goes on (a report skips a metric the store cannot give, a benchmark
-    reports it). A metric out of memory beside others is run again alone at the end. Returns the
-    metrics in the order done."""
+    ``on_error(name, error)`` returns True: the failure is then the caller's record and the pass
+    goes on (a report skips a metric the store cannot give, a benchmark reports it). Like
+    ``on_done`` it runs in a lane's thread, one call at a time; should it raise, that error is the
+    metric's failure (``PassError``), never lost with its lane. A metric out of memory beside
+    others is run again alone at the end, and reaches ``on_error`` only if it fails again then; a
+    query stopped because the caller was interrupted never does. Returns the metrics in the order
+    done."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
     registry.prepare(con, materialize=True)
@@ -176,6 +180,7 @@ def run_pass(
     failed: dict[str, BaseException] = {}
     retry: list[tuple[str, int]] = []  # (metric, its lane): run again alone, on that lane's connection
     stop = threading.Event()  # set when the caller is interrupted: lanes take no further metric
+    ended: dict[int, threading.Event] = {}  # per lane thread started: set when its work returns
     lock = threading.Lock()
     todo: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
     for group in light:
@@ -196,22 +201,29 @@ def run_pass(
                 return
             try:
                 run_one(lane, c, name)
-            except Exception as exc:  # stops every lane; raised below for the caller
+            except Exception as exc:  # stops every lane (raised below), unless on_error keeps it
                 with lock:
-                    if jobs > 1 and isinstance(exc, duckdb.OutOfMemoryException):
-                        retry.append((name, lane))  # beside other lanes: run again alone at the end
-                    elif on_error is None or not on_error(name, exc):
+                    if stop.is_set():  # interrupted by the caller: not the metric's failure
                         failed[name] = exc
+                    elif jobs > 1 and isinstance(exc, duckdb.OutOfMemoryException):
+                        retry.append((name, lane))  # beside other lanes: run again alone at the end
+                    else:
+                        kept = _kept(on_error, name, exc)
+                        if kept is not True:
+                            failed[name] = exc if kept is False else kept
 
     def work(lane: int, c: duckdb.DuckDBPyConnection) -> None:
-        for group in heavy if lane == 0 else []:
-            run_group(lane, c, group)
-        while not failed and not stop.is_set():
-            try:
-                group = todo.get_nowait()
-            except queue.Empty:
-                return
-            run_group(lane, c, group)
+        try:
+            for group in heavy if lane == 0 else []:
+                run_group(lane, c, group)
+            while not failed and not stop.is_set():
+                try:
+                    group = todo.get_nowait()
+                except queue.Empty:
+                    return
+                run_group(lane, c, group)
+        finally:
+            ended[lane].set()
 
     threads: list[threading.Thread] = []
     try:
@@ -225,23 +237,31 @@ def run_pass(
                     # set once by that prepare
                     registry.read_facts(cur)
                 if jobs == 1:
+                    ended[0] = threading.Event()
                     work(0, con)
                 else:
                     threads = [
                         threading.Thread(target=work, args=(i, c), name=f"metrics-lane-{i}")
                         for i, c in enumerate(lanes)
                     ]
-                    for t in threads:
-                        t.start()
+                    for i, t in enumerate(threads):
+                        ended[i] = threading.Event()
+                        try:
+                            t.start()
+                        except BaseException:
+                            ended[i].set()  # never ran: nothing to wait for
+                            raise
                     for t in threads:
                         t.join()
             finally:
-                if any(t.is_alive() for t in threads):  # the caller was interrupted (e.g. Ctrl-C)
+                # the caller was interrupted (e.g. Ctrl-C) while a lane works. Its `ended`, not
+                # is_alive(): a join that Ctrl-C interrupted can mark a thread stopped that still runs
+                if not all(e.is_set() for e in ended.values()):
                     stop.set()
                     for c in lanes:
                         c.interrupt()  # the running queries end with an error; the lanes then stop
-                    for t in threads:
-                        t.join()
+                    for e in ended.values():
+                        e.wait()
         if failed:
             name = next(n for n in targets if n in failed)
             raise PassError(name, failed[name]) from failed[name]
@@ -250,12 +270,26 @@ def run_pass(
             try:
                 run_one(lane, lanes[lane], name)
             except Exception as exc:
-                if on_error is None or not on_error(name, exc):
-                    raise PassError(name, exc) from exc
+                kept = _kept(on_error, name, exc)
+                if kept is not True:
+                    error = exc if kept is False else kept
+                    raise PassError(name, error) from error
     finally:
         for cur in lanes[1:]:
             cur.close()
     return done
+
+
+def _kept(on_error: Callable[[str, Exception], bool] | None, name: str, exc: Exception) -> bool | Exception:
+    """What ``on_error`` made of metric ``name``'s failure ``exc``: True, the caller keeps it and
+    the pass goes on; False, it stops the pass; or the error ``on_error`` itself raised, which
+    stops the pass in its place (in a lane's thread it would otherwise end that lane unseen)."""
+    if on_error is None:
+        return False
+    try:
+        return bool(on_error(name, exc))
+    except Exception as raised:
+        return raised
 
 
 @contextlib.contextmanager
