@@ -669,3 +669,42 @@ def test_bad_params(store):
             _compute(store, "ece", ["model"], params)
     with pytest.raises(KeyError, match="cannot group by"):
         _compute(store, "auroc", ["correct"])
+
+
+@pytest.mark.parametrize("by", [["model"], []])
+def test_sorted_tie_blocks_keep_their_order_over_many_row_groups_and_threads(by):
+    """cal_blocks_sorted.sql reads its window values in the insertion order of a sorted TEMP table
+    (a streaming window over one scan), which is how DuckDB runs it but not a documented promise.
+    Over 400k rows (four row groups), 4 threads and forced parallelism, where a reordered or
+    parallel scan would show, its blocks must be exactly those of the partitioned window
+    (cal_blocks.sql): ties, both kinds of excluded rows and a NULL stratum included."""
+    from equipoise.evaluators.metrics.calibration import _BLOCKS, _BLOCKS_SORTED, _BLOCKS_SORTED_VIEW
+    from equipoise.evaluators.metrics.registry import render_sql
+
+    con = duckdb.connect()
+    con.execute("SET threads = 4")
+    con.execute("PRAGMA verify_parallelism")
+    # confidence in 1/1000 steps (many ties), every 37th row unparsed, every 41st without one
+    con.execute("""
+        CREATE TABLE cal_samples AS
+        SELECT CASE WHEN i % 5 = 4 THEN NULL ELSE 'm' || (i % 5) END AS model,
+               hash(i, 'c') % 3 <> 0 AS correct,
+               i % 37 = 0 AS unparsed,
+               i % 37 <> 0 AND i % 41 <> 0 AS used,
+               CASE WHEN i % 37 <> 0 AND i % 41 <> 0 THEN (hash(i) % 1001) / 1000.0 END AS confidence
+        FROM range(400000) t(i)
+    """)
+    match = " AND ".join(f"s.{c} IS NOT DISTINCT FROM gk.{c}" for c in by) or "true"
+    names = {"view": "blocks_sorted", "blocks": "_b", "groups": "_b_groups", "rows": "_b_rows"}
+    con.execute(render_sql(_BLOCKS_SORTED, by, {"by_match": match, **names}))
+    con.execute(render_sql(_BLOCKS_SORTED_VIEW, by, names))
+    con.execute(render_sql(_BLOCKS, by, {"by_match": match, "view": "blocks_windowed"}))
+
+    def columns(view: str) -> list[str]:
+        return [c[0] for c in con.execute(f"SELECT * FROM {view} LIMIT 0").description]
+
+    assert columns("blocks_sorted") == columns("blocks_windowed")
+    n = con.execute("SELECT count(*), count(*) FILTER (WHERE n_b > 1) FROM blocks_windowed").fetchone()
+    assert n[0] > 1000 and n[1] > 100  # many blocks, many of them ties
+    for a, b in (("blocks_sorted", "blocks_windowed"), ("blocks_windowed", "blocks_sorted")):
+        assert con.execute(f"SELECT count(*) FROM (FROM {a} EXCEPT ALL FROM {b})").fetchone()[0] == 0

@@ -120,13 +120,10 @@ def test_tie_blocks_by_one_sort_equal_the_windowed_blocks(store, by, params):
         want = {name: compute(tables, name, by, params) for name in names}
         n_sorted = _kept(tables, "_cal_blocks_")
     with _plain_and_prepared(store) as (_, tables):
-        # a global setting: every connection of this process to the store sees it, so reset it
-        tables.execute("SET preserve_insertion_order = false")
-        try:
-            got = {name: compute(tables, name, by, params) for name in names}
-            n_windowed = _kept(tables, "_cal_blocks_")
-        finally:
-            tables.execute("SET preserve_insertion_order = true")
+        # this connection only (a plain SET is global: every connection of the process would see it)
+        tables.execute("SET SESSION preserve_insertion_order = false")
+        got = {name: compute(tables, name, by, params) for name in names}
+        n_windowed = _kept(tables, "_cal_blocks_")
     for name in names:
         assert len(want[name]) > 0
         pd.testing.assert_frame_equal(got[name], want[name], check_exact=True, obj=name)

@@ -66,6 +66,7 @@ from equipoise.evaluators.metrics.registry import (
     cached_table,
     register,
     render_sql,
+    scans_in_insertion_order,
     temp_tables,
     uses_facts,
 )
@@ -198,9 +199,13 @@ def _prepare_step(
 # not a registered metric: a shared first step, rendered like one (by, group_by, by_list)
 _BLOCKS = Metric(name="cal_blocks", description="tie blocks of cal_samples", sql="cal_blocks.sql")
 _BLOCK_METRICS = ("auroc", "aurc", "prr", "risk_coverage")  # their SQL reads cal_blocks
-# the same blocks from a sort and a streaming scan, on a connection with fixed base relations
+# the same blocks from a sort and a streaming scan into TEMP tables, and the view of them, on a
+# connection with fixed base relations
 _BLOCKS_SORTED = Metric(
     name="cal_blocks_sorted", description="tie blocks by one sort", sql="cal_blocks_sorted.sql"
+)
+_BLOCKS_SORTED_VIEW = Metric(
+    name="cal_blocks_sorted_view", description="view of the sorted blocks", sql="cal_blocks_sorted_view.sql"
 )
 
 
@@ -221,26 +226,16 @@ def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[st
     by = _check_by(by)
     # rows to their group's number in cal_blocks.sql: NULL-safe, a NULL stratum is a group too
     match = " AND ".join(f"s.{c} IS NOT DISTINCT FROM gk.{c}" for c in by) or "true"
-    if not _materialized(con) or not _insertion_ordered(con):
+    if not _materialized(con) or not scans_in_insertion_order(con):
         _prepare_step(con, _BLOCKS, p, by, "", {"by_match": match})
         return
     prepare_samples(con, p, by)
-    table = f"_cal_blocks_{_cache_key(p, by)}"
+    # its own prefix: the windowed path's cache of the same key holds other columns
+    table = f"_cal_blocks_sorted_{_cache_key(p, by)}"
     names = {"view": "cal_blocks", "blocks": table, "groups": f"{table}_groups", "rows": f"{table}_rows"}
-    sql = render_sql(_BLOCKS_SORTED, by, {"by_match": match, **names})
-    # the tables exist (filled by an earlier metric of this key): only point the view at them
-    view = sql.split(_VIEW_MARK, 1)[1].split("\n", 1)[1]
-    con.execute(view if table in temp_tables(con) else sql)
-
-
-# the line of cal_blocks_sorted.sql after which its last statement, the view, starts
-_VIEW_MARK = "-- the view (calibration.py"
-
-
-def _insertion_ordered(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether a scan of a table returns its rows in the order they were inserted
-    (``preserve_insertion_order``, DuckDB's default), which ``cal_blocks_sorted.sql`` needs."""
-    return bool(con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0])
+    if table not in temp_tables(con):  # else filled by an earlier metric of this key
+        con.execute(render_sql(_BLOCKS_SORTED, by, {"by_match": match, **names}))
+    con.execute(render_sql(_BLOCKS_SORTED_VIEW, by, names))
 
 
 # not a registered metric either: the per-bin step of ece, reliability and brier

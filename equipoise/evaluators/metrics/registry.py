@@ -115,6 +115,14 @@ def _materialized(con: duckdb.DuckDBPyConnection) -> bool:
     return set(BASE_RELATIONS) <= temps or FACTS_MARK in temps
 
 
+def scans_in_insertion_order(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether a plain scan of a table returns its rows in the order they were inserted
+    (``preserve_insertion_order``, DuckDB's default; it can be set per connection): what a metric
+    checks before it reads a table's stored order instead of sorting (unc_scores' copy of its fact,
+    calibration's sorted tie blocks)."""
+    return bool(con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0])
+
+
 def uses_facts(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether ``prepare`` found the store's fact tables current and reads them."""
     return FACTS_MARK in temp_tables(con)

@@ -78,6 +78,7 @@ from equipoise.evaluators.metrics.registry import (
     prepare,
     register,
     render_sql,
+    scans_in_insertion_order,
     temp_tables,
     uses_facts,
 )
@@ -257,7 +258,7 @@ def _fact_in_order(con: duckdb.DuckDBPyConnection, table: str, by: Sequence[str]
     integer columns and the strata: about 0.02 s at 1M predictions against 0.25 s for the sort.
     Rows deleted but not yet vacuumed leave gaps in the rowids, which fail the test (a sort,
     never a wrong order)."""
-    if not bool(con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0]):
+    if not scans_in_insertion_order(con):
         return False
     keys = ", ".join([*(b for b in by if b != "run_id"), "run_id"])
     sql = f"""

@@ -1,5 +1,7 @@
 -- Tie blocks of cal_samples per group, the shared first step of auroc, aurc / prr and
--- risk_coverage: one row per group and distinct (cal_status, confidence), n_b rows of which e_b are
+-- risk_coverage, as one partitioned window: over live views, and where a table scan need not keep
+-- insertion order (calibration.prepare_blocks; elsewhere cal_blocks_sorted.sql gives the same rows
+-- cheaper). One row per group and distinct (cal_status, confidence), n_b rows of which e_b are
 -- errors (NOT correct). Used rows form one block per distinct confidence; the excluded rows of a
 -- group form one block per cal_status with NULL confidence. For a used block, k_before / e_before
 -- are the used rows / errors with a strictly higher confidence in its group (the blocks sorted by

@@ -1,29 +1,34 @@
--- The tie blocks of cal_blocks.sql (the same rows and columns), computed from one plain sort
--- instead of a window partitioned by group: for a connection with fixed base relations, where
--- calibration.py keeps the blocks in TEMP tables (prepare_blocks). Three tables and a view:
+-- The tie blocks of cal_blocks.sql (the same rows), computed from one plain sort instead of a
+-- window partitioned by group: for a connection with fixed base relations, where calibration.py
+-- keeps the blocks in TEMP tables (prepare_blocks); cal_blocks_sorted_view.sql is the cal_blocks
+-- view of them (the strata and counts of {groups} joined back on; used, unparsed and confidence
+-- read from _key). Three statements, each CREATE OR REPLACE and {blocks} last, so a script that
+-- failed half way (out of memory) is simply run again:
 -- 1. {groups}: one row per group with its strata, its number _gid (the groups in the order of their
 --    strata, as in cal_blocks.sql), its used and total rows (n_used, n_group) and the rows and
 --    errors of the groups numbered before it (_g0rn, _g0cum).
 -- 2. {rows}: every row of cal_samples as (_gid, _key, _err) (as in cal_blocks.sql: _key is the
 --    confidence of a used row, -1 for no_confidence and -2 for unparsed; _err = NOT correct),
---    inserted sorted by (_gid, _key DESC). With preserve_insertion_order (calibration.py checks
---    it) a scan of a single table returns its rows in the order they were inserted.
--- 3. {blocks}: one scan of {rows} in that order through window functions with an empty OVER
---    (row_number numbers the rows in that order) and a ROWS frame with no PARTITION BY or ORDER BY:
---    DuckDB evaluates them as a streaming window over the rows as they arrive, without sorting.
---    Each row gets its position _rn over all groups, the running count of errors _cum, and whether
---    it starts (_first) or ends (_last) a block (a run of equal (_gid, _key): lag / lead differ).
---    A row that does both is a block of one; the rows of the few larger blocks (ties, excluded
---    rows) are aggregated per (_gid, _key), as in cal_blocks.sql. Subtracting the group's _g0rn /
---    _g0cum turns positions over all groups into the group's k_before / e_before, the numbers the
+--    inserted sorted by (_gid, _key DESC).
+-- 3. {blocks}: one scan of {rows} through window functions with an empty OVER (row_number, lag,
+--    lead) and a ROWS frame with no PARTITION BY or ORDER BY (the running error count). Each row
+--    gets its position _rn over all groups, the running count of errors _cum, and whether it
+--    starts (_first) or ends (_last) a block (a run of equal (_gid, _key): lag / lead differ). A
+--    row that does both is a block of one; the rows of the few larger blocks (ties, excluded rows)
+--    are aggregated per (_gid, _key), as in cal_blocks.sql. Subtracting the group's _g0rn / _g0cum
+--    turns positions over all groups into the group's k_before / e_before, the numbers the
 --    partitioned window gives. Only (_gid, _key) and the four counts are kept.
--- The view cal_blocks joins the strata and counts of {groups} back on and reads used, unparsed
--- and confidence from _key, as cal_blocks.sql does.
+-- What it relies on: that these window values follow {rows}' insertion order. DuckDB runs such a
+-- window as one streaming window over the table scan, not in parallel (its running state spans
+-- the rows), and with preserve_insertion_order (calibration.py checks it; otherwise it uses
+-- cal_blocks.sql) the scan yields the rows as inserted. That is how DuckDB works, not a documented
+-- promise for window frames, so tests/test_metrics_calibration.py compares the blocks of both SQL
+-- files over several row groups with 4 threads, where a parallel or reordered scan would show.
 -- Why: the partitioned window's running sum, lag and lead cost more than its sort; a sort into a
 -- narrow table and a streaming scan of it took about a fifth less CPU at 1M predictions (aurc,
 -- which fills the blocks, 0.56 -> 0.44 CPU s with one thread, measured back to back), with the
 -- same rows, and the cached blocks hold six numbers per block, not the strata strings.
-CREATE TEMP TABLE {groups} AS
+CREATE OR REPLACE TEMP TABLE {groups} AS
 SELECT *,
        coalesce(sum(n_group) OVER w, 0)::BIGINT    AS _g0rn,
        coalesce(sum(_n_err) OVER w, 0)::BIGINT     AS _g0cum
@@ -36,7 +41,7 @@ FROM (
 )
 WINDOW w AS (ORDER BY _gid ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING);
 
-CREATE TEMP TABLE {rows} AS
+CREATE OR REPLACE TEMP TABLE {rows} AS
 SELECT gk._gid, s._key, s._err
 FROM (SELECT {by}
              coalesce(NOT correct, false)::INT                                      AS _err,
@@ -45,7 +50,7 @@ FROM (SELECT {by}
 JOIN {groups} gk ON {by_match}
 ORDER BY gk._gid, s._key DESC;
 
-CREATE TEMP TABLE {blocks} AS
+CREATE OR REPLACE TEMP TABLE {blocks} AS
 WITH r AS (
     SELECT _gid, _key, _err,
            row_number() OVER ()                                                       AS _rn,
@@ -71,13 +76,4 @@ SELECT b._gid, b._key,
        (b._e - g._g0cum)::BIGINT   AS e_before
 FROM b JOIN {groups} g USING (_gid);
 
-DROP TABLE {rows};
--- the view (calibration.py runs only the statement after this line when the tables exist)
-CREATE OR REPLACE TEMP VIEW {view} AS
-SELECT {by}
-       _gid,
-       _key >= 0 AS used,
-       _key = -2 AS unparsed,
-       CASE WHEN _key >= 0 THEN _key END AS confidence,
-       n_b, e_b, k_before, e_before, n_used, n_group
-FROM {blocks} JOIN {groups} USING (_gid)
+DROP TABLE IF EXISTS {rows};
