@@ -898,7 +898,7 @@ def _cov_keys_table(con: duckdb.DuckDBPyConnection, cov: str, sample: int) -> st
     Why a table, not a CTE: DuckDB keeps the min / max statistics of a stored column, so the code
     joined from the table has a known small range, and the groupings of the split by (gid, cov) use
     its perfect-hash aggregate; a code computed by row_number() in the query has no statistics, and
-    every such grouping fell back to a general hash aggregate: that was about a third of
+    every such grouping fell back to a general hash aggregate: that was about a quarter of
     coverage_by's test sums at 1M predictions (0.50 -> 0.37 CPU s with one thread). The name says
     what the rows depend on: the relation read (facts or the connection's TEMP ``scored``), the
     column (validated, ``_column``) and the sample."""

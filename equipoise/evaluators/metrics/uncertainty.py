@@ -562,7 +562,9 @@ def _group_ids(by: Sequence[str]) -> dict[str, str]:
     """Two CTE bodies that number a metric's groups: ``groups`` (the distinct values of the grouping
     columns with an integer ``_gid``) and ``keyed`` (every per-item row of ``sc`` with its ``_gid``,
     whether it is incorrect, and its scores). Sorting or hashing on one integer is several times
-    cheaper than on the groups' strings; NULL group values match, as GROUP BY treats them."""
+    cheaper than on the groups' strings; NULL group values match, as GROUP BY treats them.
+    ``groups`` is MATERIALIZED: its numbering (row_number over a DISTINCT, in no set order) is
+    read by ``keyed`` once per score and by the final join, and must be one numbering for all."""
     if not by:
         return {
             "groups": "groups AS (SELECT 0 AS _gid)",
@@ -571,7 +573,7 @@ def _group_ids(by: Sequence[str]) -> dict[str, str]:
     cols = ", ".join(by)
     on = " AND ".join(f"sc.{c} IS NOT DISTINCT FROM gr.{c}" for c in by)
     return {
-        "groups": f"groups AS (SELECT {cols}, (row_number() OVER () - 1)::BIGINT AS _gid "
+        "groups": f"groups AS MATERIALIZED (SELECT {cols}, (row_number() OVER () - 1)::BIGINT AS _gid "
         f"FROM (SELECT DISTINCT {cols} FROM sc))",
         "keyed": f"SELECT gr._gid, NOT sc.correct AS _incorrect, sc.* FROM sc JOIN groups gr ON {on}",
     }
@@ -601,7 +603,7 @@ def _long_scores(cols: Sequence[str], positions: Sequence[int], n_scores: int) -
     than one SELECT that unnests a list of every score: the same rows, and neither consumer
     depends on their order (a count per value, or a window partitioned and ordered by the value,
     where rows of one value are peers), and unc_auroc took about 0.04 s (some 4%) less CPU at 1M
-    predictions with one DuckDB thread (0.895-0.906 -> 0.850-0.869 s, back to back): building the
+    predictions with one DuckDB thread (0.889-0.906 -> 0.850-0.876 s, back to back): building the
     lists and unnesting them cost more than scanning ``keyed`` once per score. Over plain views
     ``sc`` (the whole unc_scores query, referenced through ``keyed`` once per score) is still
     computed once: DuckDB materializes it (measured on a small store: the same CPU as before)."""
@@ -675,7 +677,7 @@ def _exact_mean(col: str, integer: bool = False) -> tuple[str, str]:
 
     ``integer``: the column is of an integer type, so every value cast to DOUBLE is finite: the
     finiteness test is left out and so is the ``avg()`` branch it could never take, the same
-    numbers for less work (unc_summary's five count scores: about 0.015 s of its 0.21 s)."""
+    numbers for less work (unc_summary's five count scores: about 0.02 s of its 0.21 s)."""
     x = f"CAST({col} AS DOUBLE)"
     if integer:
         scale = (
@@ -734,7 +736,7 @@ def _features_with_gid(
     fact's ``ITEM_ORD_COLUMN``), unique per row and in the order of (_gid, run_id, item_id), and
     numpy orders them by it. DuckDB's sort moved every row's eight columns to sort two keys (about
     half the CPU of this query at 1M predictions); numpy sorts the keys alone and then gathers the
-    columns: about 0.03 s less of unc_combiners' 0.33 s, the same rows in the same order."""
+    columns: about 0.025 s less of unc_combiners' 0.32 s, the same rows in the same order."""
     feats = _columns(params, "features", FEATURE_COLUMNS)
     prepare(con)
     scaled = [
