@@ -280,24 +280,10 @@ def _parse_jsonl(path: Path) -> pyarrow.Table:
     same way. A file the record-by-record path refuses could then be imported, and no check on
     the converted columns can tell. Arrow with an explicit schema refuses every such value.
 
-    Looked at again in stop 24 (DuckDB 2.0.1, 1M records, CPU-s under load): the typed ``read_json``
-    still converts (also ``NaN`` / ``Infinity`` tokens and ``1e400`` to floats, a boolean to the
-    text ``'true'``, list items ``"2"`` and ``true`` to numbers) and has no option to refuse an
-    unknown key; it errors only on bad JSON, bad UTF-8, a lone surrogate, an integer past 64 bits
-    and a duplicate key. The strict alternatives in DuckDB cost more than Arrow: full type inference
-    (``sample_size=-1``, an unknown key would show as a column) 2.8 for the inference alone, each
-    record as ``MAP(VARCHAR, JSON)`` 5.4 just to read, every field typed ``JSON`` (its text then
-    checked and unquoted in SQL) 2.6 with unknown keys still dropped, counting each line's keys by a
-    regular expression over the text 4.5, and matching each line against one regular expression of
-    the whole format (allowed keys, each with its value's grammar; RE2 in DuckDB over the lines read
-    as text) 2.2 on top of the typed read's 0.8-1.2. ``msgspec`` (strict types, unknown fields
-    refused) spent 4.1 single-threaded decoding into Python objects before any column was built. So
-    the parse stays Arrow's (2.3-2.6 here). The store writes are a floor of their own: a plain
-    INSERT of the same rows from an in-memory DuckDB table took 1.2 (option scores) + 0.85
-    (predictions), unchanged with the compression methods that never win (ALPRD, RLE, ZSTD, ...)
-    disabled, since DuckDB's analysis of them is cheap. Parse and writes alone are about 4.4 CPU-s
-    per 1M records before any check (the item / label join is another 0.6): about 2.4 s on 2 cores,
-    short of 500k records/s whatever the checks cost."""
+    Looked at again in stop 24 (DuckDB 2.0.1): the typed ``read_json`` still converts and drops
+    unknown keys, and each strict alternative measured (full type inference, each record as a
+    ``MAP`` or its fields as ``JSON``, a regular expression per line, ``msgspec``) cost more CPU
+    than Arrow's parse; the figures are in benchmarks/RESULTS.md (issue 13, stop 24)."""
     infer = pyarrow.json.ParseOptions(explicit_schema=_SCALARS, unexpected_field_behavior="infer")
     pool = _parse_pool()
     size = path.stat().st_size

@@ -25,17 +25,9 @@
 -- the words. Every per-repeat quantity is a column of its own (conformal.py writes one
 -- expression per repeat), so no step makes units x repeats rows.
 --
--- Measured and not kept (stop 24, 1M predictions, one thread; this mask ~0.85 CPU s, its split keys
--- ~0.21): (1) one window_cut per class of strata holding the same unit keys with the same
--- multiplicities (the order is then (h, uk, j), j = the run's rank among the key's runs, so such
--- strata share their cutoffs; the bench's 33 strata form 11 classes, found exactly by a sorted list
--- of (uk, multiplicity) or by a fingerprint checked with a join; same bits, but the per-key counts,
--- the class check and every unit's j cost more than the 2/3 of window_cut saved: 0.89-0.94 vs
--- 0.82-0.88 s); (2) units carrying only skey, uk and uid, the hashes joined by the integer uk in each
--- consumer (the planner builds on the units; even from a table, slower than the one string join
--- plus the materialized hashes); units_h not materialized (the string join per consumer, 1.2 s);
--- SplitMix64 in UHUGEINT throughout or in 32-bit halves (slower); WINDOW_SD 4 (no change) or 3, 2
--- (misses cost a rescan); the words by bool::UBIGINT << r instead of CASE (no change).
+-- Measured in stop 24 and not kept, none cheaper (figures in benchmarks/RESULTS.md, issue 13, stop
+-- 24): one window_cut per class of strata holding the same unit keys; narrower units with the
+-- hashes joined by an integer key; units_h not materialized; other SplitMix64 forms; narrower windows.
 split_keys AS (  -- the {repeats} split hashes of every distinct unit key (columns h_0, h_1, ...), its rank uk
     {split_keys_sql}
 ),
