@@ -75,10 +75,9 @@ def main() -> int:
         print(json.dumps(child(args.store, args.child, args.setting, args.workdir)))
         return 0
 
-    from equipoise.evaluators.metrics.registry import REGISTRY, _load_all
+    from equipoise.evaluators.metrics.registry import metric_names
 
-    _load_all()
-    names = _selected(sorted(REGISTRY), args.metrics)  # the --metrics rule of metrics_bench.py
+    names = _selected(metric_names(), args.metrics)  # the --metrics rule of metrics_bench.py
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="eq-metrics-rss-") as tmp:
         for name in names:

@@ -11,7 +11,14 @@ import pandas as pd
 import pytest
 
 from equipoise.evaluators.metrics import facts
-from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare, uses_facts
+from equipoise.evaluators.metrics.registry import (
+    REGISTRY,
+    _load_all,
+    compute,
+    metric_names,
+    prepare,
+    uses_facts,
+)
 from equipoise.evaluators.store import connect
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 from tests.conftest import one_thread_and_forced_parallel
@@ -55,11 +62,10 @@ def _metrics_on(
 ) -> tuple[dict[str, pd.DataFrame], bool]:
     """Every metric of a read-only pass on ``con`` (grouped by ``by``, default: each metric's own),
     and whether it read the facts."""
-    _load_all()
     prepare(con, materialize=True)
     used = uses_facts(con)
     out: dict[str, pd.DataFrame] = {}
-    for name in sorted(REGISTRY):
+    for name in metric_names():
         try:
             out[name] = compute(con, name, by=None if by is None else list(by))
         except ValueError as exc:  # a metric that refuses this grouping must refuse it on both paths

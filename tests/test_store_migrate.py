@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from equipoise.cli import app
 from equipoise.evaluators import store as st
-from equipoise.evaluators.metrics.registry import REGISTRY, _load_all, compute, prepare, uses_facts
+from equipoise.evaluators.metrics.registry import compute, metric_names, prepare, uses_facts
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 
 V1_TABLES = ("datasets", "items", "options", "runs", "predictions", "option_scores")
@@ -39,9 +39,8 @@ def _v1_store(tmp_path: Path) -> Path:
 
 
 def _all_metrics(con: duckdb.DuckDBPyConnection) -> dict[str, pd.DataFrame]:
-    _load_all()
     prepare(con, materialize=True)
-    return {name: compute(con, name) for name in sorted(REGISTRY)}
+    return {name: compute(con, name) for name in metric_names()}
 
 
 def _sha(path: Path) -> str:
@@ -83,7 +82,7 @@ def test_migrate_gives_identical_metrics_and_adds_parent_run_id(tmp_path: Path) 
     after = _all_metrics(con)
     assert uses_facts(con)  # migrate wrote the fact tables: `after` was read from them
     con.close()
-    assert before.keys() == after.keys() and len(before) == len(REGISTRY)
+    assert before.keys() == after.keys() and len(before) == len(metric_names())
     assert sum(len(df) for df in before.values()) > 100  # the metrics saw data
     for name in before:
         pd.testing.assert_frame_equal(before[name], after[name], obj=name)
