@@ -9,9 +9,10 @@ from pathlib import Path
 
 def status_kib(field: str) -> int | None:
     """A memory figure of this process from /proc/self/status (``VmRSS``, ``VmHWM``, ...) in KiB;
-    None where there is no /proc (not Linux) or no such field."""
+    None where there is no /proc (not Linux) or no such field. Decoded leniently: the process name
+    on the file's first line may hold any bytes."""
     try:
-        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+        for line in Path("/proc/self/status").read_text(encoding="utf-8", errors="replace").splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1])
     except OSError:
