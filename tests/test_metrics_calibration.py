@@ -678,7 +678,7 @@ def test_sorted_tie_blocks_keep_their_order_over_many_row_groups_and_threads(by)
     Over 400k rows (four row groups), 4 threads and forced parallelism, where a reordered or
     parallel scan would show, its blocks must be exactly those of the partitioned window
     (cal_blocks.sql): ties, both kinds of excluded rows and a NULL stratum included."""
-    from equipoise.evaluators.metrics.calibration import _BLOCKS, _BLOCKS_SORTED, _BLOCKS_SORTED_VIEW
+    from equipoise.evaluators.metrics.calibration import _BLOCKS, _BLOCKS_SORTED, _blocks_values
     from equipoise.evaluators.metrics.registry import render_sql
 
     con = duckdb.connect()
@@ -694,11 +694,11 @@ def test_sorted_tie_blocks_keep_their_order_over_many_row_groups_and_threads(by)
                CASE WHEN i % 37 <> 0 AND i % 41 <> 0 THEN (hash(i) % 1001) / 1000.0 END AS confidence
         FROM range(400000) t(i)
     """)
-    match = " AND ".join(f"s.{c} IS NOT DISTINCT FROM gk.{c}" for c in by) or "true"
-    names = {"view": "blocks_sorted", "blocks": "_b", "groups": "_b_groups", "rows": "_b_rows"}
-    con.execute(render_sql(_BLOCKS_SORTED, by, {"by_match": match, **names}))
-    con.execute(render_sql(_BLOCKS_SORTED_VIEW, by, names))
-    con.execute(render_sql(_BLOCKS, by, {"by_match": match, "view": "blocks_windowed"}))
+    sorted_values = _blocks_values(by, "_b", "_b_groups")
+    names = {"blocks": "_b", "groups": "_b_groups", "rows": "_b_rows"}
+    con.execute(render_sql(_BLOCKS_SORTED, by, {**sorted_values, **names}))
+    con.execute(f"CREATE VIEW blocks_sorted AS {sorted_values['blocks_out']}")
+    con.execute(render_sql(_BLOCKS, by, {**_blocks_values(by, "blocks", "gk"), "view": "blocks_windowed"}))
 
     def columns(view: str) -> list[str]:
         return [c[0] for c in con.execute(f"SELECT * FROM {view} LIMIT 0").description]

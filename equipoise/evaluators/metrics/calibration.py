@@ -199,14 +199,23 @@ def _prepare_step(
 # not a registered metric: a shared first step, rendered like one (by, group_by, by_list)
 _BLOCKS = Metric(name="cal_blocks", description="tie blocks of cal_samples", sql="cal_blocks.sql")
 _BLOCK_METRICS = ("auroc", "aurc", "prr", "risk_coverage")  # their SQL reads cal_blocks
-# the same blocks from a sort and a streaming scan into TEMP tables, and the view of them, on a
-# connection with fixed base relations
+# the same blocks from a sort and a streaming scan into TEMP tables, on a connection with fixed
+# base relations
 _BLOCKS_SORTED = Metric(
     name="cal_blocks_sorted", description="tie blocks by one sort", sql="cal_blocks_sorted.sql"
 )
-_BLOCKS_SORTED_VIEW = Metric(
-    name="cal_blocks_sorted_view", description="view of the sorted blocks", sql="cal_blocks_sorted_view.sql"
-)
+# the last step of both: the blocks' rows with their strata
+_BLOCKS_OUT = Metric(name="cal_blocks_out", description="tie blocks with strata", sql="cal_blocks_out.sql")
+
+
+def _blocks_values(by: Sequence[str], blocks: str, groups: str) -> dict[str, str]:
+    """The values that ``cal_blocks.sql`` and ``cal_blocks_sorted.sql`` take for grouping ``by``
+    (checked): how a row matches its group (NULL-safe, a NULL stratum is a group too) and the final
+    SELECT of the blocks ``blocks`` with the groups ``groups`` (``cal_blocks_out.sql``)."""
+    return {
+        "by_match": " AND ".join(f"s.{c} IS NOT DISTINCT FROM gk.{c}" for c in by) or "true",
+        "blocks_out": render_sql(_BLOCKS_OUT, by, {"blocks": blocks, "groups": groups}),
+    }
 
 
 def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str]) -> None:
@@ -224,18 +233,17 @@ def prepare_blocks(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[st
     """
     p = _params(params)
     by = _check_by(by)
-    # rows to their group's number in cal_blocks.sql: NULL-safe, a NULL stratum is a group too
-    match = " AND ".join(f"s.{c} IS NOT DISTINCT FROM gk.{c}" for c in by) or "true"
     if not _materialized(con) or not scans_in_insertion_order(con):
-        _prepare_step(con, _BLOCKS, p, by, "", {"by_match": match})
+        _prepare_step(con, _BLOCKS, p, by, "", _blocks_values(by, "blocks", "gk"))
         return
     prepare_samples(con, p, by)
     # its own prefix: the windowed path's cache of the same key holds other columns
     table = f"_cal_blocks_sorted_{_cache_key(p, by)}"
-    names = {"view": "cal_blocks", "blocks": table, "groups": f"{table}_groups", "rows": f"{table}_rows"}
+    values = _blocks_values(by, table, f"{table}_groups")
     if table not in temp_tables(con):  # else filled by an earlier metric of this key
-        con.execute(render_sql(_BLOCKS_SORTED, by, {"by_match": match, **names}))
-    con.execute(render_sql(_BLOCKS_SORTED_VIEW, by, names))
+        names = {"blocks": table, "groups": f"{table}_groups", "rows": f"{table}_rows"}
+        con.execute(render_sql(_BLOCKS_SORTED, by, {**values, **names}))
+    con.execute(f"CREATE OR REPLACE TEMP VIEW cal_blocks AS\n{values['blocks_out']}")
 
 
 # not a registered metric either: the per-bin step of ece, reliability and brier

@@ -81,10 +81,4 @@ blocks AS (
     WHERE NOT (_first AND _last)
     GROUP BY ALL
 )
-SELECT {by}
-       _gid,
-       _key >= 0 AS used,
-       _key = -2 AS unparsed,
-       CASE WHEN _key >= 0 THEN _key END AS confidence,
-       n_b, e_b, k_before, e_before, n_used, n_group
-FROM blocks JOIN gk USING (_gid)
+{blocks_out}

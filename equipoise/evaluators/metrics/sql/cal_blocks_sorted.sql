@@ -1,8 +1,7 @@
 -- The tie blocks of cal_blocks.sql (the same rows), computed from one plain sort instead of a
 -- window partitioned by group: for a connection with fixed base relations, where calibration.py
--- keeps the blocks in TEMP tables (prepare_blocks); cal_blocks_sorted_view.sql is the cal_blocks
--- view of them (the strata and counts of {groups} joined back on; used, unparsed and confidence
--- read from _key). Three statements, each CREATE OR REPLACE and {blocks} last, so a script that
+-- keeps the blocks in TEMP tables (prepare_blocks), and the cal_blocks view reads them through
+-- cal_blocks_out.sql. Three statements, each CREATE OR REPLACE and {blocks} last, so a script that
 -- failed half way (out of memory) is simply run again:
 -- 1. {groups}: one row per group with its strata, its number _gid (the groups in the order of their
 --    strata, as in cal_blocks.sql), its used and total rows (n_used, n_group) and the rows and
