@@ -62,7 +62,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from procstats import cpu_s, peak_mib, proc_kib
+from procstats import cpu_s, peak_mib
+
+from equipoise.evaluators.procfs import status_kib
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -303,7 +305,7 @@ def child_duckdb(
     import scipy.stats  # noqa: F401
     import sklearn.linear_model  # noqa: F401
 
-    base_mib = (proc_kib("VmRSS") or 0) / 1024
+    base_mib = (status_kib("VmRSS") or 0) / 1024
     res = _Results(outdir)
     t_all, cpu0 = time.perf_counter(), cpu_s()
     t0 = time.perf_counter()
@@ -316,7 +318,7 @@ def child_duckdb(
     res.step("(open + prepare)", time.perf_counter() - t0)
     targets = {name: outdir / f"{name}.parquet" for name in _selected(names, only)}
 
-    def failed(name: str, exc: BaseException) -> bool:
+    def failed(name: str, exc: Exception) -> bool:
         """A failing metric is reported, not fatal to the benchmark: the rest run on."""
         res.errors[name] = "".join(traceback.format_exception(exc, limit=3))
         return True
@@ -341,7 +343,7 @@ def child_reference(store: Path, outdir: Path, only: str | None = None) -> None:
     sys.path.insert(0, str(HERE))
     import metrics_reference as ref
 
-    base_mib = (proc_kib("VmRSS") or 0) / 1024
+    base_mib = (status_kib("VmRSS") or 0) / 1024
     res = _Results(outdir)
     t_all, cpu0 = time.perf_counter(), cpu_s()
     t0 = time.perf_counter()

@@ -11,15 +11,11 @@ from pathlib import Path
 
 from equipoise.evaluators.procfs import status_kib
 
-# a VmHWM / VmRSS figure of this process in KiB (Linux), else None: the package's own reader, the
-# one its memory cap uses
-proc_kib = status_kib
-
 
 def peak_mib() -> float:
     """Peak RSS of this process so far in MiB: VmHWM where /proc exists (it can be reset, see
     ``reset_peak``), else ru_maxrss (KiB on Linux, bytes on macOS)."""
-    hwm = proc_kib("VmHWM")
+    hwm = status_kib("VmHWM")  # the package's reader, the one its memory cap uses
     if hwm is not None:
         return hwm / 1024
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
