@@ -239,7 +239,6 @@ def write_report(store: Path, out: Path, memory_limit: str | None = None) -> Rep
     con = connect(store, read_only=True, memory_limit=memory_limit)
     rep = Report(out)
     try:
-        written: set[str] = set()
         skipped: dict[str, str] = {}
 
         def skip(name: str, exc: Exception) -> bool:
@@ -250,12 +249,8 @@ def write_report(store: Path, out: Path, memory_limit: str | None = None) -> Rep
 
         failure: Exception | None = None
         try:  # prepares the base joins once for every table and plot
-            run_pass(
-                con,
-                {name: out / f"{name}.csv" for name in names},
-                on_done=lambda done: written.add(done.name),
-                on_error=skip,
-            )
+            done = run_pass(con, {name: out / f"{name}.csv" for name in names}, on_error=skip)
+            written = {d.name for d in done}
         except PassError as exc:
             failure = exc.error  # raised as itself, as a caller of that one metric would see it
         if failure is not None:

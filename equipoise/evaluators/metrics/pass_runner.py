@@ -207,10 +207,8 @@ def run_pass(
                         failed[name] = exc
                     elif jobs > 1 and isinstance(exc, duckdb.OutOfMemoryException):
                         retry.append((name, lane))  # beside other lanes: run again alone at the end
-                    else:
-                        kept = _kept(on_error, name, exc)
-                        if kept is not True:
-                            failed[name] = exc if kept is False else kept
+                    elif (error := _failure(on_error, name, exc)) is not None:
+                        failed[name] = error
 
     def work(lane: int, c: duckdb.DuckDBPyConnection) -> None:
         try:
@@ -225,7 +223,6 @@ def run_pass(
         finally:
             ended[lane].set()
 
-    threads: list[threading.Thread] = []
     try:
         with _lane_settings(con, jobs):
             try:
@@ -240,7 +237,7 @@ def run_pass(
                     ended[0] = threading.Event()
                     work(0, con)
                 else:
-                    threads = [
+                    threads: list[threading.Thread] = [
                         threading.Thread(target=work, args=(i, c), name=f"metrics-lane-{i}")
                         for i, c in enumerate(lanes)
                     ]
@@ -270,9 +267,7 @@ def run_pass(
             try:
                 run_one(lane, lanes[lane], name)
             except Exception as exc:
-                kept = _kept(on_error, name, exc)
-                if kept is not True:
-                    error = exc if kept is False else kept
+                if (error := _failure(on_error, name, exc)) is not None:
                     raise PassError(name, error) from error
     finally:
         for cur in lanes[1:]:
@@ -280,14 +275,16 @@ def run_pass(
     return done
 
 
-def _kept(on_error: Callable[[str, Exception], bool] | None, name: str, exc: Exception) -> bool | Exception:
-    """What ``on_error`` made of metric ``name``'s failure ``exc``: True, the caller keeps it and
-    the pass goes on; False, it stops the pass; or the error ``on_error`` itself raised, which
-    stops the pass in its place (in a lane's thread it would otherwise end that lane unseen)."""
+def _failure(
+    on_error: Callable[[str, Exception], bool] | None, name: str, exc: Exception
+) -> Exception | None:
+    """The error that stops the pass for metric ``name``'s failure ``exc``: None where ``on_error``
+    keeps it (returns True) and the pass goes on; else ``exc``, or the error ``on_error`` itself
+    raised (in a lane's thread it would otherwise end that lane unseen)."""
     if on_error is None:
-        return False
+        return exc
     try:
-        return bool(on_error(name, exc))
+        return None if on_error(name, exc) else exc
     except Exception as raised:
         return raised
 

@@ -120,7 +120,7 @@ def scans_in_insertion_order(con: duckdb.DuckDBPyConnection) -> bool:
     (``preserve_insertion_order``, DuckDB's default; it can be set per connection): what a metric
     checks before it reads a table's stored order instead of sorting (unc_scores' copy of its fact,
     calibration's sorted tie blocks)."""
-    return bool(con.execute("SELECT current_setting('preserve_insertion_order')").fetchone()[0])
+    return bool(scalar(con, "SELECT current_setting('preserve_insertion_order')"))
 
 
 def uses_facts(con: duckdb.DuckDBPyConnection) -> bool:
