@@ -801,10 +801,7 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     (``_mask_table_name``), so a connection computes it once per unit set and parameters, and finds
     it without rendering the query; the identity query (``_mask_identity_sql``) gives the identity
     columns of the LAC units."""
-    table = _mask_table_name(con, values)
-    if table in temp_tables(con):
-        return table
-    return cached_table(con, table, _option_mask_query(con, values))
+    return cached_table(con, _mask_table_name(con, values), lambda: _option_mask_query(con, values))
 
 
 def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
@@ -943,8 +940,11 @@ def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
     unit set and the split), the score and alpha; the SQL is fixed for the process (the table is
     TEMP)."""
     table = "_conf_thr_" + _threshold_key(mask, score, values)
-    if table in temp_tables(con):
-        return table
+    return cached_table(con, table, lambda: _threshold_query(con, mask, score, values))
+
+
+def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict) -> str:
+    """The query of ``_threshold_table``: the split's thresholds over the mask table's units."""
     sample = values["sample_index"]
     words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
     # the split's columns the threshold CTEs do not read are typed constants (they are bound, not run)
@@ -962,7 +962,7 @@ def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
         **values,
         **_split_extra(score, values["repeats"]),
     )
-    return cached_table(con, table, f"WITH {units},\n{split}\nSELECT * FROM {_OWN_THRESHOLDS}")
+    return f"WITH {units},\n{split}\nSELECT * FROM {_OWN_THRESHOLDS}"
 
 
 # the split's own per-repeat test sums (``conf_split.sql``): per group, coverage_by value and repeat
@@ -1114,9 +1114,9 @@ def _query(
         )
 
     split = split_with(test_rep_sql)
-    if kept_test_rep is not None and kept_test_rep not in temp_tables(con):
-        own = split_with(f"SELECT * FROM {_OWN_TEST_REP}")
-        cached_table(con, kept_test_rep, f"WITH {units},\n{mask_ctes}{own}\nSELECT * FROM {_OWN_TEST_REP}")
+    if kept_test_rep is not None:
+        own = f"SELECT * FROM {_OWN_TEST_REP}"
+        cached_table(con, kept_test_rep, lambda: f"WITH {units},\n{mask_ctes}{split_with(own)}\n{own}")
     check_col = ""
     if shared is not None:
         ok = "(SELECT ok FROM mask_check)"

@@ -96,12 +96,13 @@ def temp_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {r[0] for r in rows}
 
 
-def cached_table(con: duckdb.DuckDBPyConnection, table: str, query: str) -> str:
+def cached_table(con: duckdb.DuckDBPyConnection, table: str, query: str | Callable[[], str]) -> str:
     """The TEMP table ``table`` holding the rows of ``query``, computed only where this connection
     lacks it (a per-connection cache: its name must say everything its rows depend on); returns
-    ``table``."""
+    ``table``. ``query`` may be a function that renders it, called only when the table is missing:
+    a cache named without its SQL (a hash of its inputs) is then found without rendering it."""
     if table not in temp_tables(con):
-        con.execute(f"CREATE TEMP TABLE {table} AS {query}")
+        con.execute(f"CREATE TEMP TABLE {table} AS {query if isinstance(query, str) else query()}")
     return table
 
 
