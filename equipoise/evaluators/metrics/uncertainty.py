@@ -679,22 +679,15 @@ def _exact_mean(col: str, integer: bool = False) -> tuple[str, str]:
     finiteness test is left out and so is the ``avg()`` branch it could never take, the same
     numbers for less work (unc_summary's five count scores: about 0.02 s of its 0.21 s)."""
     x = f"CAST({col} AS DOUBLE)"
-    if integer:
-        scale = (
-            f"CASE WHEN max(abs({x})) > 0 THEN "
-            f"pow(2.0, least(1000, {MEAN_BITS} - (floor(log2(max(abs({x})))) + 1))) ELSE 1.0 END AS s__{col}"
-        )
-        return scale, f"sum(({x} * s__{col})::BIGINT)::DOUBLE / any_value(s__{col}) / count({col})"
-    finite = f"CASE WHEN isfinite({x}) THEN {x} END"
+    finite = x if integer else f"CASE WHEN isfinite({x}) THEN {x} END"
     scale = (
         f"CASE WHEN max(abs({finite})) > 0 THEN "
         f"pow(2.0, least(1000, {MEAN_BITS} - (floor(log2(max(abs({finite})))) + 1))) ELSE 1.0 END AS s__{col}"
     )
-    mean = (
-        f"CASE WHEN count({col}) > count({finite}) THEN avg({x}) "
-        f"ELSE sum(({finite} * s__{col})::BIGINT)::DOUBLE / any_value(s__{col}) / count({col}) END"
-    )
-    return scale, mean
+    fixed = f"sum(({finite} * s__{col})::BIGINT)::DOUBLE / any_value(s__{col}) / count({col})"
+    if integer:
+        return scale, fixed
+    return scale, f"CASE WHEN count({col}) > count({finite}) THEN avg({x}) ELSE {fixed} END"
 
 
 def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
