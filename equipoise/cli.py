@@ -36,7 +36,13 @@ console = Console(width=max(Console().width, 110))
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str | BaseException) -> None:
+    """Exit 2 with one line. An error is reported by the first line of its message (DuckDB's go on
+    with context lines; an empty message gives the error's type name, not an IndexError)."""
+    if isinstance(message, BaseException):
+        from equipoise.evaluators.store import first_line
+
+        message = first_line(message)
     err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
 
@@ -54,7 +60,7 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
             return open_parts(store)
         return connect(store, read_only=read_only, memory_limit=memory_limit)
     except (FileNotFoundError, StoreLockedError, StoreOutdatedError, ValueError, duckdb.Error) as exc:
-        _fail(str(exc).splitlines()[0])
+        _fail(exc)
 
 
 def _refresh_facts(con: Any) -> None:
@@ -65,11 +71,12 @@ def _refresh_facts(con: Any) -> None:
     import duckdb
 
     from equipoise.evaluators.metrics import facts
+    from equipoise.evaluators.store import first_line
 
     try:
         facts.refresh(con)
     except duckdb.Error as exc:
-        err.print(f"warning: fact tables not refreshed ({str(exc).splitlines()[0]}); metrics stay correct")
+        err.print(f"warning: fact tables not refreshed ({first_line(exc)}); metrics stay correct")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -833,7 +840,7 @@ def _or_fail(fn: Any) -> Any:
     try:
         return fn()
     except (PlanError, ValueError, FileNotFoundError) as exc:
-        _fail(str(exc).splitlines()[0])
+        _fail(exc)
 
 
 def _nothing_to_do(planned: list[Any], where: Path) -> None:
@@ -1031,7 +1038,9 @@ def _metric_failed(name: str, exc: BaseException) -> None:
     if isinstance(exc, ValueError | TypeError):
         _fail(f"{name}: {exc}")
     if isinstance(exc, duckdb.Error):
-        _fail(f"{name}: {str(exc).splitlines()[0]}")
+        from equipoise.evaluators.store import first_line
+
+        _fail(f"{name}: {first_line(exc)}")
 
 
 def _metric_written(name: str, rows: int, path: Path) -> None:
@@ -1090,7 +1099,7 @@ def metrics(
     """Compute registered metrics in SQL over a store, grouped by any strata (model, suite, variant,
     k, framing, condition, specialty, question_type, imaging_modality, ...). Results are cached in
     <store>.cache/ keyed by the store's content, so asking again for an unchanged store is instant."""
-    from equipoise.evaluators.metrics.registry import REGISTRY, STRATA, _load_all, compute
+    from equipoise.evaluators.metrics.registry import REGISTRY, STRATA, _load_all, compute, metric_names
 
     _load_all()
     if list_only:
@@ -1101,7 +1110,7 @@ def metrics(
                 console.print(f"    params: {params}", highlight=False)
         console.print(f"strata for --by: {', '.join(STRATA)}")
         return
-    names = metric or sorted(REGISTRY)
+    names = metric or metric_names()
     unknown = [n for n in names if n not in REGISTRY]
     if unknown:
         _fail(f"unknown metric(s) {unknown}; see equipoise metrics --list")
@@ -1237,7 +1246,7 @@ def report(
     try:
         rep = write_report(store, out, memory_limit=memory_limit)
     except (ValueError, StoreLockedError, StoreOutdatedError, duckdb.Error) as exc:
-        _fail(str(exc).splitlines()[0])
+        _fail(exc)
     console.print(f"wrote {len(rep.tables)} tables and {len(rep.plots)} plots to {out}")
     for p in rep.plots:
         console.print(f"  - {out / p}")
@@ -1258,7 +1267,7 @@ def store_migrate(
     try:
         before, after = migrate_store(store)
     except (FileNotFoundError, StoreLockedError, StoreOutdatedError, OSError, duckdb.Error) as exc:
-        _fail(str(exc).splitlines()[0])
+        _fail(exc)
     if before == after:
         console.print(f"{store}: already at schema v{after}; nothing to do", highlight=False)
     else:
@@ -1288,7 +1297,7 @@ def sql(
         rows = cur.fetchall()
         cols = [d[0] for d in cur.description] if cur.description else []
     except duckdb.Error as exc:
-        _fail(str(exc).splitlines()[0])
+        _fail(exc)
     finally:
         con.close()
     if fmt == "json":

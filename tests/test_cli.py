@@ -114,3 +114,20 @@ def test_build_cli_writes_loadable_dataset(tmp_path):
     assert res.exit_code == 0, res.output
     m = json.loads((out / "manifest.json").read_text())
     assert set(m["sources"]) == {"qsofa", "chads2"}
+
+
+def test_fail_reports_the_first_line_of_an_error_or_its_type(capsys):
+    """An error ends the command with one line: the first line of a multi-line message, and the
+    error's type name for an empty message (indexing its splitlines() would raise instead)."""
+    import typer
+
+    from equipoise.cli import _fail
+
+    with pytest.raises(typer.Exit) as multi:
+        _fail(ValueError("bad limit\n  context line"))
+    with pytest.raises(typer.Exit) as empty:
+        _fail(ValueError())
+    out = capsys.readouterr().err
+    assert multi.value.exit_code == empty.value.exit_code == 2
+    assert "bad limit" in out and "context line" not in out
+    assert "error: ValueError" in out
