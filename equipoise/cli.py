@@ -1233,18 +1233,28 @@ def report(
         "equipoise-work/report"
     ),
     memory_limit: MemoryLimit = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            min=1,
+            help="Compute the tables in N lanes, as `equipoise metrics --out DIR --jobs N` "
+            "(1: one metric at a time). Default: 2.",
+        ),
+    ] = None,
 ) -> None:
     """Write every metric as a CSV table and the plots a reader would rather look at (reliability,
     humility deficit, accuracy vs abstention across k, set size, risk-coverage, determinability)."""
     import duckdb
 
+    from equipoise.evaluators.metrics.pass_runner import DEFAULT_JOBS
     from equipoise.evaluators.report import write_report
     from equipoise.evaluators.store import StoreLockedError, StoreOutdatedError
 
     if not store.exists():
         _fail(f"{store}: no such store")
     try:
-        rep = write_report(store, out, memory_limit=memory_limit)
+        rep = write_report(store, out, memory_limit=memory_limit, jobs=DEFAULT_JOBS if jobs is None else jobs)
     except (ValueError, StoreLockedError, StoreOutdatedError, duckdb.Error) as exc:
         _fail(exc)
     console.print(f"wrote {len(rep.tables)} tables and {len(rep.plots)} plots to {out}")

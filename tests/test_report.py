@@ -92,3 +92,23 @@ def test_report_skips_a_metric_the_store_cannot_give_and_stops_on_any_other_erro
     broken["auroc"] = KeyError("a bug")
     with pytest.raises(KeyError, match="a bug"):
         rep.write_report(store, tmp_path / "r2")
+
+
+def test_report_jobs_option_reaches_the_pass(tmp_path, monkeypatch):
+    """`report --jobs N` hands N to write_report (whose pass runs in N lanes); without it the
+    default lanes of `equipoise metrics` are used."""
+    from equipoise.evaluators import report as rep
+    from equipoise.evaluators.metrics.pass_runner import DEFAULT_JOBS
+
+    store = tmp_path / "s.duckdb"
+    connect(store).close()
+    seen: list[int] = []
+    monkeypatch.setattr(
+        rep, "write_report", lambda store, out, memory_limit, jobs: seen.append(jobs) or rep.Report(out)
+    )
+    for extra in ([], ["--jobs", "1"], ["--jobs", "3"]):
+        r = CliRunner().invoke(app, ["report", "--store", str(store), "--out", str(tmp_path / "r"), *extra])
+        assert r.exit_code == 0, r.output
+    assert seen == [DEFAULT_JOBS, 1, 3]
+    r = CliRunner().invoke(app, ["report", "--store", str(store), "--jobs", "0"])
+    assert r.exit_code == 2

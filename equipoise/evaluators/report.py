@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
 
-from equipoise.evaluators.metrics.pass_runner import PassError, run_pass
+from equipoise.evaluators.metrics.pass_runner import DEFAULT_JOBS, PassError, run_pass
 from equipoise.evaluators.metrics.registry import compute, metric_names, result_sql
 from equipoise.evaluators.store import connect, first_line
 
@@ -220,10 +220,10 @@ PLOTS: dict[str, tuple[tuple[str, ...], Callable[[duckdb.DuckDBPyConnection, Pat
 }
 
 
-def write_report(store: Path, out: Path, memory_limit: str | None = None) -> Report:
+def write_report(store: Path, out: Path, memory_limit: str | None = None, jobs: int = DEFAULT_JOBS) -> Report:
     """Every metric as CSV plus the plots; ``memory_limit`` as in ``store.connect``.
 
-    Tables are one metrics pass (``pass_runner.run_pass``, in its default lanes): each goes through
+    Tables are one metrics pass (``pass_runner.run_pass``, in ``jobs`` lanes): each goes through
     ``write_result``, where a metric that is one query is copied by DuckDB straight to its CSV, so
     no frame of all predictions (or per-item scores) is built here; only the small aggregated
     results and the plots' inputs pass through pandas. A metric the store cannot give (a DuckDB or
@@ -249,7 +249,7 @@ def write_report(store: Path, out: Path, memory_limit: str | None = None) -> Rep
 
         failure: Exception | None = None
         try:  # prepares the base joins once for every table and plot
-            done = run_pass(con, {name: out / f"{name}.csv" for name in names}, on_error=skip)
+            done = run_pass(con, {name: out / f"{name}.csv" for name in names}, jobs=jobs, on_error=skip)
             written = {d.name for d in done}
         except PassError as exc:
             failure = exc.error  # raised as itself, as a caller of that one metric would see it
