@@ -184,3 +184,40 @@ def test_written_result_equals_the_computed_frame(store, tmp_path, name):
             assert [str(v) for v in a] == [str(v) for v in b], (name, col)
     if name in ("unc_scores", "unc_normalized", "risk_coverage", "answer_rates"):
         assert streamed, f"{name}: a per-item table should stream, not pass through pandas"
+
+
+@pytest.mark.parametrize("name", ["unc_scores", "unc_normalized"])
+def test_per_item_dictionary_limit_changes_no_value_read_back(store, tmp_path, monkeypatch, name):
+    """Per-item results are written with a small Parquet dictionary limit
+    (``PER_ITEM_DICTIONARY_LIMIT``), which may change how a column is encoded but never what reads
+    back. Written with it, with DuckDB's default (None) and with a limit of 1 (only a column of one
+    value may keep a dictionary: fewer dictionaries show that the limit reaches the writer), the
+    three files read back as equal Arrow tables, types and nullability included."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    from equipoise.evaluators.metrics.registry import PER_ITEM_DICTIONARY_LIMIT, write_result
+
+    assert REGISTRY[name].parquet_dictionary_limit == PER_ITEM_DICTIONARY_LIMIT
+    tables, dictionaries = {}, {}
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        for limit in (PER_ITEM_DICTIONARY_LIMIT, None, 1):
+            metric = dataclasses.replace(REGISTRY[name], parquet_dictionary_limit=limit)
+            monkeypatch.setitem(REGISTRY, name, metric)
+            path = tmp_path / f"{name}_{limit}.parquet"
+            assert write_result(con, name, path) > 20
+            meta = pq.ParquetFile(path).metadata
+            dictionaries[limit] = sum(
+                meta.row_group(g).column(c).has_dictionary_page
+                for g in range(meta.num_row_groups)
+                for c in range(meta.num_columns)
+            )
+            tables[limit] = pq.read_table(path)
+    finally:
+        con.close()
+    assert dictionaries[None] > dictionaries[1]
+    for limit in (None, 1):
+        assert tables[limit].equals(tables[PER_ITEM_DICTIONARY_LIMIT]), limit

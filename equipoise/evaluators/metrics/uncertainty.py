@@ -68,6 +68,7 @@ import pandas as pd
 import pyarrow as pa
 
 from equipoise.evaluators.metrics.registry import (
+    PER_ITEM_DICTIONARY_LIMIT,
     REGISTRY,
     SQL_DIR,
     STRATA,
@@ -1046,6 +1047,7 @@ register(
         default_by=("model",),
         params={"pool": "item"},
         sql_fn=lambda con, by, params: _scores_source(con, by, params, ordered=True),
+        parquet_dictionary_limit=PER_ITEM_DICTIONARY_LIMIT,
         lane_group="unc_scores",
     )
 )
@@ -1060,6 +1062,7 @@ register(
         default_by=("model",),
         params=_NORMALIZATION_PARAMS,
         sql_fn=_normalized_sql,
+        parquet_dictionary_limit=PER_ITEM_DICTIONARY_LIMIT,
         lane_group="unc_bounds",
     )
 )
