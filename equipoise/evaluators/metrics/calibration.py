@@ -311,7 +311,18 @@ _BLOCK_COUNTS = """coalesce(sum(n_b), 0)::BIGINT AS n_total,
            coalesce(sum(n_b) FILTER (WHERE NOT used AND NOT unparsed), 0)::BIGINT AS n_no_confidence"""
 
 
-def _metric(name: str, sql: str, description: str, columns: Sequence[str] | None = None) -> None:
+# risk_coverage writes one row per distinct confidence (931k rows at 1M predictions) whose
+# threshold, n_accepted, errors, coverage and risk are nearly all distinct: the Parquet writer's
+# default dictionary limit let it build a dictionary of each of those columns for a good part of
+# every row group before falling back to plain encoding. With a limit of 1024 entries it falls back
+# at once for them, while model, n, n_excluded and n_at_threshold (a few values) keep their
+# dictionary: the same file size and values, about 0.05 CPU s less at 1M predictions (one thread).
+_RISK_COVERAGE_PARQUET = ", DICTIONARY_SIZE_LIMIT 1024"
+
+
+def _metric(
+    name: str, sql: str, description: str, columns: Sequence[str] | None = None, parquet_options: str = ""
+) -> None:
     register(
         Metric(
             name=name,
@@ -322,6 +333,7 @@ def _metric(name: str, sql: str, description: str, columns: Sequence[str] | None
             params=dict(DEFAULT_PARAMS),
             sql_fn=_sql_of(name) if columns is None else None,
             compute_fn=_runner(name, columns) if columns is not None else None,
+            parquet_options=parquet_options,
         )
     )
 
@@ -355,6 +367,7 @@ _metric(
     "cal_risk_coverage.sql",
     "risk-coverage curve: one step per distinct confidence, coverage = n_accepted/N, risk = error rate "
     "of the accepted",
+    parquet_options=_RISK_COVERAGE_PARQUET,
 )
 _metric(
     "aurc",

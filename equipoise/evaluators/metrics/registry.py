@@ -66,6 +66,10 @@ class Metric:
     # may take it alone. Only speed depends on it: a cache is named for everything its rows depend
     # on, so a metric's result is the same in any lane.
     lane_group: str | None = None
+    # extra options of the Parquet COPY in ``write_result`` (e.g. ", DICTIONARY_SIZE_LIMIT 1024"),
+    # for a metric whose long result has columns of nearly unique values: the file's values are the
+    # same whatever the options, only its encoding and the writer's work differ
+    parquet_options: str = ""
 
 
 REGISTRY: dict[str, Metric] = {}
@@ -358,7 +362,7 @@ def write_result(
             df.to_parquet(path, index=False)
         return len(df)
     quoted = sql_literal(str(path))
-    fmt = "FORMAT csv, HEADER true" if csv else "FORMAT parquet"
+    fmt = "FORMAT csv, HEADER true" if csv else "FORMAT parquet" + REGISTRY[name].parquet_options
     copied = con.execute(f"COPY ({sql}) TO {quoted} ({fmt})").fetchone()  # (rows written,)
     return int(copied[0]) if copied else 0
 

@@ -27,6 +27,10 @@
 -- narrow table and a streaming scan of it took about a fifth less CPU at 1M predictions (aurc,
 -- which fills the blocks, 0.56 -> 0.44 CPU s with one thread, measured back to back), with the
 -- same rows, and the cached blocks hold six numbers per block, not the strata strings.
+-- The running error count _cum counts the rows with _err = 1 instead of summing _err: the same
+-- integers (_err is 0 or 1), but the streaming window sums an INTEGER into a HUGEINT through the
+-- generic aggregate path, about 0.05 CPU s at 1M predictions with one thread, where the count
+-- costs almost nothing (aurc 0.05-0.08 CPU s less, measured back to back; the same blocks).
 CREATE OR REPLACE TEMP TABLE {groups} AS
 SELECT *,
        coalesce(sum(n_group) OVER w, 0)::BIGINT    AS _g0rn,
@@ -53,7 +57,7 @@ CREATE OR REPLACE TEMP TABLE {blocks} AS
 WITH r AS (
     SELECT _gid, _key, _err,
            row_number() OVER ()                                                       AS _rn,
-           sum(_err) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)          AS _cum,
+           count(*) FILTER (WHERE _err = 1) OVER (ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _cum,
            lag(_gid) OVER () IS DISTINCT FROM _gid OR lag(_key) OVER () IS DISTINCT FROM _key   AS _first,
            lead(_gid) OVER () IS DISTINCT FROM _gid OR lead(_key) OVER () IS DISTINCT FROM _key AS _last
     FROM {rows}
