@@ -186,9 +186,9 @@ def test_written_result_equals_the_computed_frame(store, tmp_path, name):
         assert streamed, f"{name}: a per-item table should stream, not pass through pandas"
 
 
-@pytest.mark.parametrize("name", ["unc_scores", "unc_normalized"])
+@pytest.mark.parametrize("name", ["unc_scores", "unc_normalized", "risk_coverage"])
 def test_per_item_dictionary_limit_changes_no_value_read_back(store, tmp_path, monkeypatch, name):
-    """Per-item results are written with a small Parquet dictionary limit
+    """Long results (per item, per distinct confidence) are written with a small Parquet dictionary limit
     (``PER_ITEM_DICTIONARY_LIMIT``), which may change how a column is encoded but never what reads
     back. Written with it, with DuckDB's default (None) and with a limit of 1 (only a column of one
     value may keep a dictionary: fewer dictionaries show that the limit reaches the writer), the

@@ -75,15 +75,15 @@ class Metric:
 
 REGISTRY: dict[str, Metric] = {}
 
-# ``Metric.parquet_dictionary_limit`` of the results with one row per item (hundreds of thousands of
-# rows). DuckDB's default limit is a fifth of a row group (about 24,000 values), so its writer
-# hashed that many values of every mostly-distinct column (ids, most scores) into a dictionary it
-# then dropped for PLAIN encoding: about a sixth of the CPU of writing unc_scores at 1M predictions
-# (0.44 -> 0.36 s). With 1024 it gives up sooner. Only a column with between 1024 and the default's
-# number of distinct values per row group is encoded otherwise (PLAIN, not a dictionary), and its
-# values read back the same; the 1M benchmark's files are byte-identical. Small results keep the
-# default: there DuckDB leaves a column PLAIN when a dictionary would not pay (a 3-row file), which
-# any explicit limit turns into dictionaries.
+# ``Metric.parquet_dictionary_limit`` of the long results (one row per item, or per distinct
+# confidence: hundreds of thousands of rows). DuckDB's default limit is a fifth of a row group
+# (about 24,000 values), so its writer hashed that many values of every mostly-distinct column (ids,
+# most scores) into a dictionary it then dropped for PLAIN encoding: about a sixth of the CPU of
+# writing unc_scores at 1M predictions (0.44 -> 0.36 s). With 1024 it gives up sooner. Only a column
+# with between 1024 and the default's number of distinct values per row group is encoded otherwise
+# (PLAIN, not a dictionary), and its values read back the same; the 1M benchmark's files are
+# byte-identical. Small results keep the default: there DuckDB leaves a column PLAIN when a
+# dictionary would not pay (a 3-row file), which any explicit limit turns into dictionaries.
 PER_ITEM_DICTIONARY_LIMIT = 1024
 
 
