@@ -1111,3 +1111,36 @@ def test_unc_summary_literal_means_equal_the_general_form() -> None:
     assert _literal_means(con, "SELECT * FROM u", cols, types) is None
     con.execute("CREATE TABLE v AS SELECT * FROM t UNION ALL SELECT 0, 'nan'::DOUBLE, 1, 1, 0, NULL, NULL")
     assert _literal_means(con, "SELECT * FROM v", cols, types) is None
+
+
+def test_unc_auroc_read_ahead_groups_give_the_joined_bits(store, monkeypatch) -> None:
+    """Where the scores are a table unc_auroc reads its groups first: a few are numbered by a CASE
+    over their literal values (NULL and integer strata included) and the continuous scores sort
+    on a 2-byte partition key; more than _CASE_GROUPS groups, or plain views, number them by a
+    join. Every way gives the same frame, bit for bit, as the plain views."""
+    from equipoise.evaluators.metrics import uncertainty
+    from equipoise.evaluators.metrics.registry import REGISTRY
+
+    params = dict(REGISTRY["unc_auroc"].params)
+    seen = set()
+    null_group = False
+    cases = [(["model"], 8), (["framing"], 8), (["k"], 8), (["model", "framing", "k"], 8)]
+    cases += [(["model", "framing"], 1), ([], 8)]
+    for by, limit in cases:
+        monkeypatch.setattr(uncertainty, "_CASE_GROUPS", limit)
+        got = {}
+        for materialize in (False, True):
+            con = duckdb.connect(str(store), read_only=True)
+            try:
+                prepare(con, materialize=materialize)
+                sql = uncertainty._auroc_sql(con, by, params)
+                cased = "SELECT CASE WHEN sc." in sql
+                assert not cased or materialize
+                seen.add((materialize, cased, "USMALLINT" in sql))
+                null_group = null_group or (cased and ".framing IS NULL THEN" in sql)
+                got[materialize] = con.execute(sql).df()
+            finally:
+                con.close()
+        pd.testing.assert_frame_equal(got[True], got[False], check_exact=True)
+    assert {(True, True, True), (True, False, True), (False, False, False)} <= seen
+    assert null_group

@@ -33,7 +33,8 @@
 -- runs on one integer key per (group, score), _part = _gid * {n_scores} + the score's position (an
 -- unsigned integer of 2 or 4 bytes, uncertainty._part_type: the window sorts on it), not on the
 -- group's strings: {groups} numbers the distinct
--- groups (_gid) and {keyed} tags each item with its _gid; the names come back at the end.
+-- groups (_gid) and {keyed} tags each item with its _gid (by a join, or where a few groups were
+-- read ahead by a CASE over their values, uncertainty._group_ids); the names come back at the end.
 -- In the window an undefined continuous score is NaN, not NULL (uncertainty._long_scores reads a
 -- NULL as NaN): DuckDB sorts NaN after every number, +inf included, so the order is the same, and a sort
 -- key that is never NULL cost about 0.015 s less CPU at 1M predictions. NaN equals NaN in DuckDB,
