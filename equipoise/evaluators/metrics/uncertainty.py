@@ -797,8 +797,8 @@ def _literal_means(
     NaN (the general form then keeps its finiteness tests).
 
     Why: the general form computes the scales in a CTE (one pass over the scores) and joins them to
-    every row, and each aggregate tests each value for finiteness twice. Here one plain pass finds
-    the largest |value| of every score, ``max(abs(x))``: when that is finite (or NULL: no value),
+    every row, and each aggregate tests each value for finiteness twice. Here a query of plain
+    max and min finds the largest |value| of every score: when that is finite (or NULL: no value),
     no value is inf or NaN, so it is the largest finite |value| and the scale is the same power of
     two, computed by the same SQL expression and written back exactly (``repr`` of a double
     round-trips); the aggregates need no finiteness test and no ``avg()`` branch. A score of an
@@ -807,12 +807,19 @@ def _literal_means(
     sum by the scale: the same HUGEINT the general form sums term by term, so the same double. The
     same bits as the general form; unc_summary's CPU 0.20 -> 0.12 s at 1M predictions with one
     DuckDB thread. Only where the scores are a table (see ``_summary_sql``)."""
+    # the largest |value| from the plain max and min of the column, cast after aggregating: the
+    # same double as max(abs(CAST(x AS DOUBLE))) (the cast is monotone), and DuckDB answers a bare
+    # min / max of a table's column far faster (about 3 ms for all 17 scores at 1M predictions
+    # against 0.04 s with the cast and abs inside the aggregate). A NaN is the largest value in
+    # DuckDB, so a column holding NaN, inf or -inf gives a non-finite largest |value|.
+    extremes = [f"greatest(CAST(max({c}) AS DOUBLE), -CAST(min({c}) AS DOUBLE)) AS m__{c}" for c in cols]
     items = []
     for c in cols:
-        x = f"max(abs(CAST({c} AS DOUBLE)))"
-        power = f"pow(2.0, least(1000, {MEAN_BITS} - (floor(log2({x})) + 1)))"
-        items += [f"{x} AS m__{c}", f"CASE WHEN {x} > 0 THEN {power} ELSE 1.0 END AS s__{c}"]
-    row = con.execute(f"SELECT {', '.join(items)} FROM ({source})").fetchone()
+        power = f"pow(2.0, least(1000, {MEAN_BITS} - (floor(log2(m__{c})) + 1)))"
+        items += [f"m__{c}", f"CASE WHEN m__{c} > 0 THEN {power} ELSE 1.0 END AS s__{c}"]
+    row = con.execute(
+        f"SELECT {', '.join(items)} FROM (SELECT {', '.join(extremes)} FROM ({source}))"
+    ).fetchone()
     means = []
     for k, c in enumerate(cols):
         largest, scale = row[2 * k], float(row[2 * k + 1])
