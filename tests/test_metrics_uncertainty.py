@@ -1049,3 +1049,98 @@ def test_embedding_scores_do_not_depend_on_threads(store, pool):
     )
     assert one["eigen_embed"].notna().sum() > 10
     pd.testing.assert_frame_equal(forced, one, check_exact=True)
+
+
+def test_unc_summary_literal_scales_give_the_general_bits(store) -> None:
+    """Where the scores are a table unc_summary reads each score's scale first and writes it in as
+    a literal (uncertainty._literal_means); over plain views the scales stay a CTE of the query
+    (_exact_mean). Both give the same frame, bit for bit, for several groupings, and the two forms
+    are the ones in use."""
+    from equipoise.evaluators.metrics.registry import REGISTRY
+    from equipoise.evaluators.metrics.uncertainty import _summary_sql
+
+    params = dict(REGISTRY["unc_summary"].params)
+    for by in (["model"], ["model", "config"], []):
+        got = {}
+        for materialize in (False, True):
+            con = duckdb.connect(str(store), read_only=True)
+            try:
+                prepare(con, materialize=materialize)
+                sql = _summary_sql(con, by, params)
+                assert ("CROSS JOIN scale" in sql) is not materialize
+                got[materialize] = con.execute(sql).df()
+            finally:
+                con.close()
+        pd.testing.assert_frame_equal(got[True], got[False], check_exact=True)
+
+
+def test_unc_summary_literal_means_equal_the_general_form() -> None:
+    """_literal_means against _exact_mean on one table: doubles over many magnitudes, integers of
+    several types (past 2**53 too, where the integer sum is not taken), an all-NULL and an all-zero
+    column: the same doubles; a column holding inf or NaN makes it decline (None)."""
+    from equipoise.evaluators.metrics.uncertainty import _exact_mean, _literal_means
+
+    rng = np.random.default_rng(5)
+    n = 20_000
+    frame = pd.DataFrame(
+        {
+            "g": rng.integers(0, 4, n),
+            "d": rng.lognormal(0.0, 4.0, n) * np.where(rng.random(n) < 0.3, -1.0, 1.0),
+            "i": rng.integers(-1000, 1000, n).astype(np.int32),
+            "big": rng.integers(-(2**60), 2**60, n).astype(np.int64),
+            "z": np.zeros(n, dtype=np.int64),
+        }
+    )
+    con = duckdb.connect()
+    con.register("frame", frame)
+    con.execute("CREATE TABLE t AS SELECT *, NULL::DOUBLE AS nul, NULL::BIGINT AS nul_i FROM frame")
+    con.execute("UPDATE t SET d = NULL, i = NULL WHERE g = 3 AND d > 1")  # NULLs inside a group
+    cols = ["d", "i", "big", "z", "nul", "nul_i"]
+    types = {str(r[0]): str(r[1]) for r in con.execute("DESCRIBE t").fetchall()}
+    literal = _literal_means(con, "SELECT * FROM t", cols, types)
+    assert literal is not None and "HUGEINT" in literal[1] and "HUGEINT" not in literal[2]
+    exact = [_exact_mean(c, integer=types[c] in ("INTEGER", "BIGINT")) for c in cols]
+    scales = ", ".join(s for s, _ in exact)
+    general = con.execute(
+        f"WITH sc AS (SELECT * FROM t), scale AS (SELECT {scales} FROM sc) "
+        f"SELECT g, {', '.join(m for _, m in exact)} FROM sc CROSS JOIN scale GROUP BY g ORDER BY g"
+    ).fetchall()
+    lit = con.execute(f"SELECT g, {', '.join(literal)} FROM t GROUP BY g ORDER BY g").fetchall()
+    assert lit == general and len(lit) == 4
+    con.execute("CREATE TABLE u AS SELECT * FROM t UNION ALL SELECT 0, 'inf'::DOUBLE, 1, 1, 0, NULL, NULL")
+    assert _literal_means(con, "SELECT * FROM u", cols, types) is None
+    con.execute("CREATE TABLE v AS SELECT * FROM t UNION ALL SELECT 0, 'nan'::DOUBLE, 1, 1, 0, NULL, NULL")
+    assert _literal_means(con, "SELECT * FROM v", cols, types) is None
+
+
+def test_unc_auroc_read_ahead_groups_give_the_joined_bits(store, monkeypatch) -> None:
+    """Where the scores are a table unc_auroc reads its groups first: a few are numbered by a CASE
+    over their literal values (NULL and integer strata included) and the continuous scores sort
+    on a 2-byte partition key; more than _CASE_GROUPS groups, or plain views, number them by a
+    join. Every way gives the same frame, bit for bit, as the plain views."""
+    from equipoise.evaluators.metrics import uncertainty
+    from equipoise.evaluators.metrics.registry import REGISTRY
+
+    params = dict(REGISTRY["unc_auroc"].params)
+    seen = set()
+    null_group = False
+    cases = [(["model"], 8), (["framing"], 8), (["k"], 8), (["model", "framing", "k"], 8)]
+    cases += [(["model", "framing"], 1), ([], 8)]
+    for by, limit in cases:
+        monkeypatch.setattr(uncertainty, "_CASE_GROUPS", limit)
+        got = {}
+        for materialize in (False, True):
+            con = duckdb.connect(str(store), read_only=True)
+            try:
+                prepare(con, materialize=materialize)
+                sql = uncertainty._auroc_sql(con, by, params)
+                cased = "SELECT CASE WHEN sc." in sql
+                assert not cased or materialize
+                seen.add((materialize, cased, "USMALLINT" in sql))
+                null_group = null_group or (cased and ".framing IS NULL THEN" in sql)
+                got[materialize] = con.execute(sql).df()
+            finally:
+                con.close()
+        pd.testing.assert_frame_equal(got[True], got[False], check_exact=True)
+    assert {(True, True, True), (True, False, True), (False, False, False)} <= seen
+    assert null_group
