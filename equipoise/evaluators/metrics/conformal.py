@@ -75,6 +75,9 @@ taken as is). If k > n (few calibration
 units) q_hat is undefined and every test set is the item's FULL option set. This is the split-conformal
 quantile; the seeds' code ``np.quantile(s, ceil((n+1)(1-alpha))/n, method="higher")`` returns the
 (k+1)-th order statistic instead (see ECOSYSTEM-NOTES "Conformal prediction").
+Sampling scores are (m - c) / m, a handful of distinct values per group, so conformal_sampling
+counts the calibration scores per value and repeat and picks q_hat from the running counts
+(``_sampling_thresholds_sql``: the same order statistic) instead of sorting a band of scores.
 
 Prediction set of a test unit: the options with s <= q_hat (same randomisation rule for APS);
 coverage = target in set; sets may be empty (APS, or sampling when no option reaches the threshold).
@@ -965,6 +968,42 @@ def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
     return f"WITH {units},\n{split}\nSELECT * FROM {_OWN_THRESHOLDS}"
 
 
+def _sampling_thresholds_sql(repeats: int) -> str:
+    """``thr_q`` of ``conf_split.sql`` for sampling scores: the same rows as its ``thr_own`` (gid,
+    rep, n_cal, k_order, q_hat), counted per distinct target score instead of read from a sorted
+    band of scores.
+
+    Why: a sampling score is (m - c) / m for a pool of m samples, so a group's target scores take
+    a handful of distinct values (3 with m = 2: 0, 0.5 and 1), and ``thr_own``'s band (the scores
+    in the bucket of the T-th largest and above) then held a third or more of the group's units,
+    sorted and filtered once per repeat: about a quarter of conformal_sampling's CPU at 1M
+    predictions. Here the units are grouped once by (gid, st) with one calibration count per
+    repeat (``count_if`` of its mask bit), and per group and repeat q_hat is the largest score v
+    with at least n - k + 1 calibration scores >= v (a running sum over the few values, largest
+    first): the (n - k + 1)-th largest calibration score, i.e. the k-th smallest, exactly the
+    element ``thr_own`` picks (n = the calibration units with a target score; k > n: NULL). Rows:
+    groups x repeats x distinct scores, so the cost grows with the distinct scores, at most one
+    per unit for pools of many sizes, still one grouping of the units."""
+    counts = _per_repeat("count_if({cal}) AS sc_{r}", repeats)
+    return f"""SELECT t.gid, t.rep, t.n_cal, t.k_order::BIGINT AS k_order, q.q_hat
+    FROM thr t
+    LEFT JOIN (
+        SELECT gid, rep,
+               max(st) FILTER (WHERE k_order <= n_scores AND above >= n_scores - k_order + 1) AS q_hat
+        FROM (SELECT c.gid, c.rep, c.st, t.k_order,
+                     sum(c.c) OVER (PARTITION BY c.gid, c.rep ORDER BY c.st DESC
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS above,
+                     sum(c.c) OVER (PARTITION BY c.gid, c.rep) AS n_scores
+              FROM (SELECT gid, st, unnest(range({repeats})) AS rep, unnest({_listed("sc_{r}", repeats)}) AS c
+                    FROM (SELECT gid, st, {counts}
+                          FROM units_m
+                          WHERE st IS NOT NULL
+                          GROUP BY gid, st)) c
+              JOIN thr t ON t.gid = c.gid AND t.rep = c.rep)
+        GROUP BY gid, rep
+    ) q ON q.gid = t.gid AND q.rep = t.rep"""
+
+
 # the split's own per-repeat test sums (``conf_split.sql``): per group, coverage_by value and repeat
 _OWN_TEST_REP = "test_rep_own"
 
@@ -1054,7 +1093,10 @@ def _query(
         "JOIN group_n g USING (gid)"
     )
     mask_ctes, check, shared = "", "", None
+    # sampling scores take few distinct values: their thresholds are counted per value
     thr_q_sql = f"SELECT * FROM {_OWN_THRESHOLDS}"
+    if score == "sampling":
+        thr_q_sql = _sampling_thresholds_sql(values["repeats"])
     test_rep_sql, kept_test_rep = f"SELECT * FROM {_OWN_TEST_REP}", None
     if share_mask and fixed and _pooled(score, params):
         assert con is not None
