@@ -623,6 +623,12 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
     into one row per repeat; for sampling units also the majority-vote and hit sums."""
     counts = ["n", "lo", "cv", "em"]
     words = _words(repeats)
+    # a test unit's options with s <= q (q: q_lo or q_hi of its group)
+    n_le = {q: f"len(list_filter(u.ss, lambda x: x <= q.{q}))" for q in ("q_lo", "q_hi")}
+    if score == "sampling":
+        # every sampling score (m - c) / m lies in [0, 1]: at q >= 1 every option is in the set
+        # (most groups: q_hat = 1 in every repeat), counted without filtering the list
+        n_le = {q: f"CASE WHEN q.{q} >= 1.0 THEN len(u.ss) ELSE {e} END" for q, e in n_le.items()}
     slice_aggs = "count(*) AS n, sum(n_lo) AS lo, count_if(cv_all) AS cv, count_if(em_all) AS em"
     extra = {"per_rep_extra": "", "rep_stats_extra": "", "test_unit_cols": ""}
     if score == "sampling":
@@ -651,6 +657,8 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
     )
     return {
         **extra,
+        "n_lo": n_le["q_lo"],
+        "n_hi": n_le["q_hi"],
         # a band unit as a struct of its target score and mask words; per repeat, the scores of the
         # band's calibration units (the sorted list filtered by the repeat's bit: still sorted)
         "band_row": "{" + ", ".join(["'st': u.st", *(f"'m{w}': u.m{w}" for w in range(words))]) + "}",
@@ -1106,10 +1114,11 @@ def _query(
         # check: with the four keys in the join, DuckDB joined the grouping strings instead of gid
         # (through gkeys), which took most of the metric's time
         mask_units = _mask_with_identity(con, shared, values, units_only=True)
+        # no m_top (NULL): only thr_own's heaps read it, and sampling counts its thresholds instead
+        # (``_sampling_thresholds_sql``), so no join to group_n
         units_m = (
-            f"SELECT u.*, {words}u.gid = mk.gid AND u.sid = mk.sid AS same_gs, g.m AS m_top FROM units u "
-            f"JOIN {mask_units} mk ON mk.run_id = u.run_id AND mk.ukey = u.ukey "
-            "JOIN group_n g ON g.gid = u.gid"
+            f"SELECT u.*, {words}u.gid = mk.gid AND u.sid = mk.sid AS same_gs, NULL::BIGINT AS m_top "
+            f"FROM units u JOIN {mask_units} mk ON mk.run_id = u.run_id AND mk.ukey = u.ukey"
         )
         # the pools counted from `strata` (the split's count of `units` per group and stratum), not by
         # another scan of the pools
@@ -1122,6 +1131,8 @@ def _query(
     elif not fixed or score == "sampling":
         mask_ctes = _inline_mask(con, score, values, params)
         units_m = "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)"
+        if score == "sampling":  # m_top is read by thr_own only (see above)
+            units_m = "SELECT u.*, NULL::BIGINT AS m_top FROM unit_mask u"
     else:
         assert con is not None
         table = _option_mask_table(con, values)
