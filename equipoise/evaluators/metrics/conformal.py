@@ -620,7 +620,8 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
     group, filtered per repeat by its mask bit), the per-repeat aggregates over the unit rows
     (counts of calibration, the test units whose outcome depends on the repeat), the slices of the
     mask words that give every repeat's test sums (``test_slices``), and the lists that turn them
-    into one row per repeat; for sampling units also the majority-vote and hit sums."""
+    into one row per repeat, and a test unit's option counts at or below q_lo / q_hi (``n_lo``,
+    ``n_hi``); for sampling units also the majority-vote and hit sums."""
     counts = ["n", "lo", "cv", "em"]
     words = _words(repeats)
     # a test unit's options with s <= q (q: q_lo or q_hi of its group)
