@@ -75,6 +75,9 @@ taken as is). If k > n (few calibration
 units) q_hat is undefined and every test set is the item's FULL option set. This is the split-conformal
 quantile; the seeds' code ``np.quantile(s, ceil((n+1)(1-alpha))/n, method="higher")`` returns the
 (k+1)-th order statistic instead (see ECOSYSTEM-NOTES "Conformal prediction").
+Sampling scores are (m - c) / m, a handful of distinct values per group, so conformal_sampling
+counts the calibration scores per value and repeat and picks q_hat from the running counts
+(``_sampling_thresholds_sql``: the same order statistic) instead of sorting a band of scores.
 
 Prediction set of a test unit: the options with s <= q_hat (same randomisation rule for APS);
 coverage = target in set; sets may be empty (APS, or sampling when no option reaches the threshold).
@@ -617,9 +620,16 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
     group, filtered per repeat by its mask bit), the per-repeat aggregates over the unit rows
     (counts of calibration, the test units whose outcome depends on the repeat), the slices of the
     mask words that give every repeat's test sums (``test_slices``), and the lists that turn them
-    into one row per repeat; for sampling units also the majority-vote and hit sums."""
+    into one row per repeat, and a test unit's option counts at or below q_lo / q_hi (``n_lo``,
+    ``n_hi``); for sampling units also the majority-vote and hit sums."""
     counts = ["n", "lo", "cv", "em"]
     words = _words(repeats)
+    # a test unit's options with s <= q (q: q_lo or q_hi of its group)
+    n_le = {q: f"len(list_filter(u.ss, lambda x: x <= q.{q}))" for q in ("q_lo", "q_hi")}
+    if score == "sampling":
+        # every sampling score (m - c) / m lies in [0, 1]: at q >= 1 every option is in the set
+        # (most groups: q_hat = 1 in every repeat), counted without filtering the list
+        n_le = {q: f"CASE WHEN q.{q} >= 1.0 THEN len(u.ss) ELSE {e} END" for q, e in n_le.items()}
     slice_aggs = "count(*) AS n, sum(n_lo) AS lo, count_if(cv_all) AS cv, count_if(em_all) AS em"
     extra = {"per_rep_extra": "", "rep_stats_extra": "", "test_unit_cols": ""}
     if score == "sampling":
@@ -648,6 +658,8 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
     )
     return {
         **extra,
+        "n_lo": n_le["q_lo"],
+        "n_hi": n_le["q_hi"],
         # a band unit as a struct of its target score and mask words; per repeat, the scores of the
         # band's calibration units (the sorted list filtered by the repeat's bit: still sorted)
         "band_row": "{" + ", ".join(["'st': u.st", *(f"'m{w}': u.m{w}" for w in range(words))]) + "}",
@@ -965,6 +977,42 @@ def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
     return f"WITH {units},\n{split}\nSELECT * FROM {_OWN_THRESHOLDS}"
 
 
+def _sampling_thresholds_sql(repeats: int) -> str:
+    """``thr_q`` of ``conf_split.sql`` for sampling scores: the same rows as its ``thr_own`` (gid,
+    rep, n_cal, k_order, q_hat), counted per distinct target score instead of read from a sorted
+    band of scores.
+
+    Why: a sampling score is (m - c) / m for a pool of m samples, so a group's target scores take
+    a handful of distinct values (3 with m = 2: 0, 0.5 and 1), and ``thr_own``'s band (the scores
+    in the bucket of the T-th largest and above) then held a third or more of the group's units,
+    sorted and filtered once per repeat: about a quarter of conformal_sampling's CPU at 1M
+    predictions. Here the units are grouped once by (gid, st) with one calibration count per
+    repeat (``count_if`` of its mask bit), and per group and repeat q_hat is the largest score v
+    with at least n - k + 1 calibration scores >= v (a running sum over the few values, largest
+    first): the (n - k + 1)-th largest calibration score, i.e. the k-th smallest, exactly the
+    element ``thr_own`` picks (n = the calibration units with a target score; k > n: NULL). Rows:
+    groups x repeats x distinct scores, so the cost grows with the distinct scores, at most one
+    per unit for pools of many sizes, still one grouping of the units."""
+    counts = _per_repeat("count_if({cal}) AS sc_{r}", repeats)
+    return f"""SELECT t.gid, t.rep, t.n_cal, t.k_order::BIGINT AS k_order, q.q_hat
+    FROM thr t
+    LEFT JOIN (
+        SELECT gid, rep,
+               max(st) FILTER (WHERE k_order <= n_scores AND above >= n_scores - k_order + 1) AS q_hat
+        FROM (SELECT c.gid, c.rep, c.st, t.k_order,
+                     sum(c.c) OVER (PARTITION BY c.gid, c.rep ORDER BY c.st DESC
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS above,
+                     sum(c.c) OVER (PARTITION BY c.gid, c.rep) AS n_scores
+              FROM (SELECT gid, st, unnest(range({repeats})) AS rep, unnest({_listed("sc_{r}", repeats)}) AS c
+                    FROM (SELECT gid, st, {counts}
+                          FROM units_m
+                          WHERE st IS NOT NULL
+                          GROUP BY gid, st)) c
+              JOIN thr t ON t.gid = c.gid AND t.rep = c.rep)
+        GROUP BY gid, rep
+    ) q ON q.gid = t.gid AND q.rep = t.rep"""
+
+
 # the split's own per-repeat test sums (``conf_split.sql``): per group, coverage_by value and repeat
 _OWN_TEST_REP = "test_rep_own"
 
@@ -1054,7 +1102,10 @@ def _query(
         "JOIN group_n g USING (gid)"
     )
     mask_ctes, check, shared = "", "", None
+    # sampling scores take few distinct values: their thresholds are counted per value
     thr_q_sql = f"SELECT * FROM {_OWN_THRESHOLDS}"
+    if score == "sampling":
+        thr_q_sql = _sampling_thresholds_sql(values["repeats"])
     test_rep_sql, kept_test_rep = f"SELECT * FROM {_OWN_TEST_REP}", None
     if share_mask and fixed and _pooled(score, params):
         assert con is not None
@@ -1064,10 +1115,11 @@ def _query(
         # check: with the four keys in the join, DuckDB joined the grouping strings instead of gid
         # (through gkeys), which took most of the metric's time
         mask_units = _mask_with_identity(con, shared, values, units_only=True)
+        # no m_top (NULL): only thr_own's heaps read it, and sampling counts its thresholds instead
+        # (``_sampling_thresholds_sql``), so no join to group_n
         units_m = (
-            f"SELECT u.*, {words}u.gid = mk.gid AND u.sid = mk.sid AS same_gs, g.m AS m_top FROM units u "
-            f"JOIN {mask_units} mk ON mk.run_id = u.run_id AND mk.ukey = u.ukey "
-            "JOIN group_n g ON g.gid = u.gid"
+            f"SELECT u.*, {words}u.gid = mk.gid AND u.sid = mk.sid AS same_gs, NULL::BIGINT AS m_top "
+            f"FROM units u JOIN {mask_units} mk ON mk.run_id = u.run_id AND mk.ukey = u.ukey"
         )
         # the pools counted from `strata` (the split's count of `units` per group and stratum), not by
         # another scan of the pools
@@ -1080,6 +1132,8 @@ def _query(
     elif not fixed or score == "sampling":
         mask_ctes = _inline_mask(con, score, values, params)
         units_m = "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)"
+        if score == "sampling":  # m_top is read by thr_own only (see above)
+            units_m = "SELECT u.*, NULL::BIGINT AS m_top FROM unit_mask u"
     else:
         assert con is not None
         table = _option_mask_table(con, values)

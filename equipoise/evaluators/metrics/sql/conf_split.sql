@@ -145,8 +145,7 @@ test_units AS MATERIALIZED (
            coalesce(mn > q_lo AND mn <= q_hi, false) AS em_border
     FROM (SELECT *, CASE WHEN n_hi > n_lo THEN list_filter(ss, lambda x: x > q_lo AND x <= q_hi) END AS bs
           FROM (SELECT u.gid, u.cov, u.st, u.ss, {mask_cols}{test_unit_cols},
-                       len(list_filter(u.ss, lambda x: x <= q.q_lo)) AS n_lo,
-                       len(list_filter(u.ss, lambda x: x <= q.q_hi)) AS n_hi, list_min(u.ss) AS mn, q.q_lo, q.q_hi
+                       {n_lo} AS n_lo, {n_hi} AS n_hi, list_min(u.ss) AS mn, q.q_lo, q.q_hi
                 FROM units_m u
                 JOIN q_cols q USING (gid)
                 WHERE u.ss IS NOT NULL))
