@@ -784,19 +784,20 @@ def _mask_identity_sql(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     if _coded(con):
         # the store's facts: facts_scored holds the item's integer code and, per prediction, whether
         # it has option scores (n_scored) and the scores themselves, so neither string join is made
-        # (no sp_row: the metrics fetch the scores from facts_scored by sc_row)
+        # (no sp_row: the metrics fetch the score lists from facts_scored by sc_row; the target
+        # scores, all the thresholds read, ride along into the mask table, read in the same scan)
         return f"""sc0 AS NOT MATERIALIZED (  -- each consumer rescans the few columns it reads
-    SELECT rowid AS sc_row, {keep}, {ITEM_CODE}, n_scored IS NOT NULL AS has_probs
+    SELECT rowid AS sc_row, {keep}, {ITEM_CODE}, n_scored IS NOT NULL AS has_probs, {_TARGETS}
     FROM main.facts_scored WHERE sample_index = {sample}
 ),
 {_ids_sql("sc0", values)}
 base AS (
-    SELECT g.gid, s.sid, sc.run_id, sc.{ITEM_CODE} AS ukey, sc.sc_row, sc.has_probs
+    SELECT g.gid, s.sid, sc.run_id, sc.{ITEM_CODE} AS ukey, sc.sc_row, sc.has_probs, {_TARGETS}
     FROM sc0 sc
     JOIN gkeys g ON {_ids_on("g", values["by_cols"])}
     JOIN skeys s ON {_ids_on("s", values["strat_cols"])}
 ),
-units AS (SELECT gid, sid, run_id, ukey, sc_row FROM base WHERE has_probs)"""
+units AS (SELECT gid, sid, run_id, ukey, sc_row, {_TARGETS} FROM base WHERE has_probs)"""
     return f"""sc0 AS NOT MATERIALIZED (  -- each consumer rescans the few columns it reads
     SELECT rowid AS sc_row, {keep} FROM {_row_relation(con, "scored")} WHERE sample_index = {sample}
 ),
@@ -841,7 +842,7 @@ def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
     # units keyed by item_id (or its integer code); the table keeps the rowids, not the strings
     # run_id and item_id (see ``_option_mask_table``)
-    rows = "sc_row" if _coded(con) else "sc_row, sp_row"
+    rows = f"sc_row, {_TARGETS}" if _coded(con) else "sc_row, sp_row"
     mask = _inline_mask(con, "lac", values, {}, f"gid, sid, run_id, ukey, {rows}", _key_col_of(con))
     return (
         f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
@@ -849,11 +850,16 @@ def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     )
 
 
+# the target scores the option mask table carries where it is built from the facts (``_coded``)
+_TARGETS = "lac_target, aps_target"
+
+
 def _coded(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether the option units' mask table is built from the store's facts, whose ``facts_scored``
     carries the integer item code (``registry.ITEM_CODE``) and each prediction's option scores
-    (``registry.SCORED_PROBS_COLUMNS``): the table's unit key is then that code, and the metrics
-    read the scores from ``facts_scored`` by the table's sc_row (``_scores_rows``)."""
+    (``registry.SCORED_PROBS_COLUMNS``): the table's unit key is then that code, it holds each
+    unit's target scores (``_TARGETS``, what the thresholds read: no join there), and the metrics
+    read the score lists from ``facts_scored`` by the table's sc_row (``_scores_rows``)."""
     return uses_facts(con)
 
 
@@ -1013,10 +1019,17 @@ def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
     relation, row = _scores_rows(con)
     words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
     # the split's columns the threshold CTEs do not read are typed constants (they are bound, not run)
+    if _coded(con):  # the mask table holds the target scores
+        st, join = f"t.{score}_target", ""
+    else:
+        st = "pr.st"
+        join = (
+            f"    JOIN (SELECT rowid AS {row}, {score}_target AS st FROM "
+            f"{relation} WHERE sample_index = {sample}) pr ON pr.{row} = t.{row}\n"
+        )
     units = (
-        f"units AS (\n    SELECT t.gid, t.sid, NULL::INTEGER AS cov, NULL::DOUBLE[] AS ss, pr.st, {words}\n"
-        f"    FROM {mask} t\n    JOIN (SELECT rowid AS {row}, {score}_target AS st FROM "
-        f"{relation} WHERE sample_index = {sample}) pr ON pr.{row} = t.{row}\n"
+        f"units AS (\n    SELECT t.gid, t.sid, NULL::INTEGER AS cov, NULL::DOUBLE[] AS ss, {st} AS st, "
+        f"{words}\n    FROM {mask} t\n{join}"
         "    WHERE t.m0 IS NOT NULL\n)"
     )
     split = _render(
