@@ -59,7 +59,10 @@ relations are fixed for the connection (a read-only pass, ``registry.prepare(mat
 LAC, APS and coverage_by share one unit set (sample ``sample_index`` of each run x item with option
 scores), so its mask is a TEMP table computed once per connection and parameters, and LAC / plain
 APS build their units on it, fetching each unit's scores (and coverage_by its column) by the rowid
-the table holds, not by a join on the string keys (run_id, item_id); otherwise (views, and the
+the table holds, not by a join on the string keys (run_id, item_id). Over the store's facts the
+table is built without any string join (``_coded``): ``facts_scored`` carries each prediction's
+scores and an integer item code (the item_id's rank in string order, so keyed by it the split is
+the same), and the table keeps the target scores the thresholds read. Otherwise (views, and the
 sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
 the pass already holds it and the pools are exactly its units (checked in the same query; see
 ``_query``), which in a store of scored MCQ runs they are. The thresholds q_hat of LAC and plain APS

@@ -9,8 +9,9 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
 - ``facts_scored``            = the ``scored_probs`` relation (``sql/scored_probs.sql``: one row per
   prediction sample, the ``scored`` relation plus the sample's chosen- and target-option probability,
   scored-option count and multi-class Brier term from ``facts_sample_probs``, so that the
-  calibration metrics read them without a join on the sample's key; readers get ``scored`` as this
-  table without those columns);
+  calibration metrics read them without a join on the sample's key, the sample's conformal LAC /
+  APS scores, and ``item_code``, the item_id's rank among the items (``_item_codes_sql``), the
+  integer key of conformal's option mask; readers get ``scored`` as this table without those columns);
 - ``facts_option_probs``      = the ``option_probs`` relation (one row per scored option);
 - ``facts_sample_probs``      = the ``sample_probs`` relation (``sql/sample_probs.sql``: per sample,
   chosen- and target-option probability, the multi-class Brier term and the conformal LAC / APS
