@@ -633,3 +633,29 @@ def test_combiner_rows_ordered_in_numpy_equal_the_rows_sorted_by_duckdb(
     assert len(got) > 100 and got["_gid"].nunique() > 1 and "_key" not in got.columns
     pd.testing.assert_frame_equal(got, want, check_exact=True)
     pd.testing.assert_frame_equal(got_metric, want_metric, check_exact=True)
+
+
+def test_item_code_is_the_rank_of_item_id_among_the_items_and_readers_never_see_it(
+    store: Path, tmp_path: Path
+) -> None:
+    """facts_scored's item_code (conformal's integer unit key) is the 1-based rank of its item_id
+    among the distinct item_id of ``items`` in string order, checked against Python's sort; the
+    ``scored`` relation a pass reads leaves it (and the conformal score columns) out."""
+    from equipoise.evaluators.metrics.registry import ITEM_CODE, SCORED_PROBS_COLUMNS
+
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(store.read_bytes())
+    con = connect(path)
+    facts.refresh(con)
+    items = {r[0] for r in con.execute("SELECT item_id FROM items").fetchall()}
+    ids = sorted(items, key=lambda s: s.encode())  # DuckDB compares strings bytewise
+    want = {item: i + 1 for i, item in enumerate(ids)}
+    rows = con.execute(f"SELECT item_id, {ITEM_CODE} FROM facts_scored").fetchall()
+    con.close()
+    assert rows and all(code == want[item] for item, code in rows)
+    ro = connect(path, read_only=True)
+    prepare(ro, materialize=True)
+    assert uses_facts(ro)
+    cols = {r[0] for r in ro.execute("DESCRIBE scored").fetchall()}
+    ro.close()
+    assert ITEM_CODE not in cols and not cols & set(SCORED_PROBS_COLUMNS)

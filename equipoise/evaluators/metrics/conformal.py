@@ -59,7 +59,10 @@ relations are fixed for the connection (a read-only pass, ``registry.prepare(mat
 LAC, APS and coverage_by share one unit set (sample ``sample_index`` of each run x item with option
 scores), so its mask is a TEMP table computed once per connection and parameters, and LAC / plain
 APS build their units on it, fetching each unit's scores (and coverage_by its column) by the rowid
-the table holds, not by a join on the string keys (run_id, item_id); otherwise (views, and the
+the table holds, not by a join on the string keys (run_id, item_id). Over the store's facts the
+table is built without any string join (``_coded``): ``facts_scored`` carries each prediction's
+scores and an integer item code (the item_id's rank in string order, so keyed by it the split is
+the same), and the table keeps the target scores the thresholds read. Otherwise (views, and the
 sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
 the pass already holds it and the pools are exactly its units (checked in the same query; see
 ``_query``), which in a store of scored MCQ runs they are. The thresholds q_hat of LAC and plain APS
@@ -104,6 +107,7 @@ import duckdb
 import pandas as pd
 
 from equipoise.evaluators.metrics.registry import (
+    ITEM_CODE,
     SQL_DIR,
     STRATA,
     Metric,
@@ -690,13 +694,18 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
     }
 
 
-def _split_keys_sql(values: dict, keys: str) -> str:
+def _split_keys_sql(values: dict, keys: str, coded: bool = False) -> str:
     """The split hashes of every distinct unit key of ``keys`` (a query with one column ``ukey``), as
     columns h_0, h_1, ... (repeat r), and its rank ``uk`` in string order (the tie-break of the split
-    order, as an integer). md5 runs once per key; the hashes are integer columns (``_split_hashes_sql``)."""
+    order, as an integer). md5 runs once per key; the hashes are integer columns (``_split_hashes_sql``).
+
+    ``coded``: ``keys`` has one row per item, ``ukey`` its integer code (``registry.ITEM_CODE``: the
+    item_id's rank in string order) and ``s`` the item_id string, which md5 reads; the code is
+    then the key and its own rank (any strictly increasing map of the strings gives the same order)."""
+    key, rank = ("s", "ukey") if coded else ("ukey", "row_number() OVER (ORDER BY ukey)")
     based = (
-        f"SELECT ukey, row_number() OVER (ORDER BY ukey) AS uk, "
-        f"('0x' || substr(md5('{values['seed']}:' || ukey), 1, 16))::UBIGINT AS kb FROM ({keys})"
+        f"SELECT ukey, {rank} AS uk, "
+        f"('0x' || substr(md5('{values['seed']}:' || {key}), 1, 16))::UBIGINT AS kb FROM ({keys})"
     )
     return f"SELECT * EXCLUDE (kb) FROM ({_split_hashes_sql(values['repeats'], based)})"
 
@@ -710,6 +719,13 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
     if not _fixed(con):
         return _split_keys_sql(values, "SELECT DISTINCT ukey FROM units")
     assert con is not None
+    if key_col == ITEM_CODE:  # keyed by the facts' integer item code (``_coded``)
+        keys = (
+            f"SELECT {ITEM_CODE} AS ukey, any_value(item_id) AS s FROM main.facts_scored GROUP BY {ITEM_CODE}"
+        )
+        coded = _split_keys_sql(values, keys, coded=True)
+        table = cached_table(con, _split_keys_table(values, "code"), coded)
+        return f"SELECT * FROM {table}"
     keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
     table = cached_table(con, _split_keys_table(values, key_col), _split_keys_sql(values, keys))
     return f"SELECT * FROM {table}"
@@ -742,16 +758,17 @@ def _inline_mask(
     values: dict,
     params: dict,
     cols: str | None = None,
+    key_col: str | None = None,
 ) -> str:
     """The CTEs of ``conf_mask.sql`` computing the mask of the query's own ``units``, passing the
     columns ``cols`` of each unit through to ``unit_mask`` (default: what the split reads). A
     metric's own query carries them (at 10M predictions that was faster than joining the mask back
     to the units on their four identity columns), without run_id and ukey once the unit's integer
     key is computed (the shared mask table keeps the units' rowids instead, see
-    ``_option_mask_table``)."""
+    ``_option_mask_table``); ``key_col``: the split keys' column (default: the score's unit key)."""
     if cols is None:
         cols = _SAMPLING_SPLIT_COLS if score == "sampling" else _SPLIT_COLS
-    keys = _split_keys_source(con, values, _key_col(score, params))
+    keys = _split_keys_source(con, values, key_col or _key_col(score, params))
     mask = _render(
         "conf_mask.sql",
         split_keys_sql=keys,
@@ -779,6 +796,23 @@ def _mask_identity_sql(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     string join to ``sample_probs`` is paid here, once per connection."""
     keep = ", ".join(dict.fromkeys(["run_id", "item_id", *values["by_cols"], *values["strat_cols"]]))
     sample = values["sample_index"]
+    if _coded(con):
+        # the store's facts: facts_scored holds the item's integer code and, per prediction, whether
+        # it has option scores (n_scored) and the scores themselves, so neither string join is made
+        # (no sp_row: the metrics fetch the score lists from facts_scored by sc_row; the target
+        # scores, all the thresholds read, ride along into the mask table, read in the same scan)
+        return f"""sc0 AS NOT MATERIALIZED (  -- each consumer rescans the few columns it reads
+    SELECT rowid AS sc_row, {keep}, {ITEM_CODE}, n_scored IS NOT NULL AS has_probs, {_TARGETS}
+    FROM main.facts_scored WHERE sample_index = {sample}
+),
+{_ids_sql("sc0", values)}
+base AS (
+    SELECT g.gid, s.sid, sc.run_id, sc.{ITEM_CODE} AS ukey, sc.sc_row, sc.has_probs, {_TARGETS}
+    FROM sc0 sc
+    JOIN gkeys g ON {_ids_on("g", values["by_cols"])}
+    JOIN skeys s ON {_ids_on("s", values["strat_cols"])}
+),
+units AS (SELECT gid, sid, run_id, ukey, sc_row, {_TARGETS} FROM base WHERE has_probs)"""
     return f"""sc0 AS NOT MATERIALIZED (  -- each consumer rescans the few columns it reads
     SELECT rowid AS sc_row, {keep} FROM {_row_relation(con, "scored")} WHERE sample_index = {sample}
 ),
@@ -821,13 +855,42 @@ def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     keys of item_id (``_split_keys_source``: computed there if this connection lacks them)."""
     identity = _mask_identity_sql(con, values)
     nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
-    # units keyed by item_id; the table keeps the two rowids, not the strings run_id and item_id
-    # (see ``_option_mask_table``)
-    mask = _inline_mask(con, "lac", values, {}, "gid, sid, run_id, ukey, sc_row, sp_row")
+    # units keyed by item_id (or its integer code); the table keeps the rowids, not the strings
+    # run_id and item_id (see ``_option_mask_table``)
+    rows = f"sc_row, {_TARGETS}" if _coded(con) else "sc_row, sp_row"
+    mask = _inline_mask(con, "lac", values, {}, f"gid, sid, run_id, ukey, {rows}", _key_col_of(con))
     return (
         f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
-        f"UNION ALL SELECT gid, sid, sc_row, sp_row, {nulls} FROM base WHERE NOT has_probs"
+        f"UNION ALL SELECT gid, sid, {rows}, {nulls} FROM base WHERE NOT has_probs"
     )
+
+
+# the target scores the option mask table carries where it is built from the facts (``_coded``)
+_TARGETS = "lac_target, aps_target"
+
+
+def _coded(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the option units' mask table is built from the store's facts, whose ``facts_scored``
+    carries the integer item code (``registry.ITEM_CODE``) and each prediction's option scores
+    (``registry.SCORED_PROBS_COLUMNS``): the table's unit key is then that code, it holds each
+    unit's target scores (``_TARGETS``, what the thresholds read: no join there), and the metrics
+    read the score lists from ``facts_scored`` by the table's sc_row (``_scores_rows``)."""
+    return uses_facts(con)
+
+
+def _key_col_of(con: duckdb.DuckDBPyConnection) -> str:
+    """The split keys' column of the option units' mask table (``_coded``)."""
+    return ITEM_CODE if _coded(con) else "item_id"
+
+
+def _scores_rows(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
+    """Where the option metrics on the mask table read a unit's LAC / APS scores: the relation
+    (holding ``{score}_scores``, ``{score}_target`` and ``target_prob``) and the mask table's rowid
+    column that points into it. With facts, ``facts_scored`` by sc_row (one relation for the scores
+    and coverage_by's column); otherwise the connection's ``sample_probs`` by sp_row."""
+    if _coded(con):
+        return "main.facts_scored", "sc_row"
+    return _row_relation(con, "sample_probs"), "sp_row"
 
 
 def _mask_table_name(con: duckdb.DuckDBPyConnection, values: dict) -> str:
@@ -879,10 +942,20 @@ def _cached_option_units(
         if cov
         else ""
     )
-    probs = (
-        f"SELECT rowid AS sp_row, target_prob IS NOT NULL AS has_target, {score}_scores AS ss, "
-        f"{score}_target AS st FROM {_row_relation(con, 'sample_probs')} WHERE sample_index = {sample}"
-    )
+    relation, row = _scores_rows(con)
+    if cov and row == "sc_row":  # the scores and the column from the same rows: one join
+        probs = (
+            f"SELECT f.rowid AS sc_row, f.target_prob IS NOT NULL AS has_target, f.{score}_scores AS ss, "
+            f"f.{score}_target AS st, ck.code AS {cov} FROM {relation} f JOIN {COV_KEYS} ck "
+            f"ON ck.v IS NOT DISTINCT FROM f.{cov} WHERE f.sample_index = {sample}"
+        )
+        cov_join, cov_col = "", f"pr.{cov}"
+    else:
+        probs = (
+            f"SELECT rowid AS {row}, target_prob IS NOT NULL AS has_target, {score}_scores AS ss, "
+            f"{score}_target AS st FROM {relation} WHERE sample_index = {sample}"
+        )
+        cov_col = f"sc.{cov}" if cov else "NULL"
     return f"""{gkeys},
 {cov_keys}probs AS (
     {probs}
@@ -891,10 +964,10 @@ base AS (  -- every prediction of the sample: its group and whether it has optio
     SELECT t.gid, {values["g_by"]}t.m0 IS NOT NULL AS has_probs FROM {table} t JOIN gkeys g USING (gid)
 ),
 units AS (
-    SELECT t.gid, t.sid, {f"sc.{cov}" if cov else "NULL"} AS cov, pr.ss, pr.st,
+    SELECT t.gid, t.sid, {cov_col} AS cov, pr.ss, pr.st,
            NOT pr.has_target AS target_unscored, {words}
     FROM {table} t
-    JOIN probs pr ON pr.sp_row = t.sp_row{cov_join}
+    JOIN probs pr ON pr.{row} = t.{row}{cov_join}
     WHERE t.m0 IS NOT NULL
 )"""
 
@@ -958,12 +1031,20 @@ def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
 def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict) -> str:
     """The query of ``_threshold_table``: the split's thresholds over the mask table's units."""
     sample = values["sample_index"]
+    relation, row = _scores_rows(con)
     words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
     # the split's columns the threshold CTEs do not read are typed constants (they are bound, not run)
+    if _coded(con):  # the mask table holds the target scores
+        st, join = f"t.{score}_target", ""
+    else:
+        st = "pr.st"
+        join = (
+            f"    JOIN (SELECT rowid AS {row}, {score}_target AS st FROM "
+            f"{relation} WHERE sample_index = {sample}) pr ON pr.{row} = t.{row}\n"
+        )
     units = (
-        f"units AS (\n    SELECT t.gid, t.sid, NULL::INTEGER AS cov, NULL::DOUBLE[] AS ss, pr.st, {words}\n"
-        f"    FROM {mask} t\n    JOIN (SELECT rowid AS sp_row, {score}_target AS st FROM "
-        f"{_row_relation(con, 'sample_probs')} WHERE sample_index = {sample}) pr ON pr.sp_row = t.sp_row\n"
+        f"units AS (\n    SELECT t.gid, t.sid, NULL::INTEGER AS cov, NULL::DOUBLE[] AS ss, {st} AS st, "
+        f"{words}\n    FROM {mask} t\n{join}"
         "    WHERE t.m0 IS NOT NULL\n)"
     )
     split = _render(

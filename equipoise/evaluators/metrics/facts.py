@@ -9,8 +9,9 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
 - ``facts_scored``            = the ``scored_probs`` relation (``sql/scored_probs.sql``: one row per
   prediction sample, the ``scored`` relation plus the sample's chosen- and target-option probability,
   scored-option count and multi-class Brier term from ``facts_sample_probs``, so that the
-  calibration metrics read them without a join on the sample's key; readers get ``scored`` as this
-  table without those columns);
+  calibration metrics read them without a join on the sample's key, the sample's conformal LAC /
+  APS scores, and ``item_code``, the item_id's rank among the items (``_item_codes_sql``), the
+  integer key of conformal's option mask; readers get ``scored`` as this table without those columns);
 - ``facts_option_probs``      = the ``option_probs`` relation (one row per scored option);
 - ``facts_sample_probs``      = the ``sample_probs`` relation (``sql/sample_probs.sql``: per sample,
   chosen- and target-option probability, the multi-class Brier term and the conformal LAC / APS
@@ -86,8 +87,9 @@ REFRESH_MEMORY_LIMIT = 2 * 2**30
 # 2: facts_scored holds the per-sample columns of scored_probs; 3: facts_unc_scores_<pool> hold the
 # md5 split bits and the item's rank in its run; 4: every sum of doubles in the uncertainty scores
 # (option_entropy, semantic_entropy, pro and its per-sequence mean) adds a value-sorted list, so
-# the facts are the same bits whatever the threads and batches (the last bits change once)
-FACTS_FORMAT = 4
+# the facts are the same bits whatever the threads and batches (the last bits change once); 5:
+# facts_scored holds the conformal LAC / APS scores of its sample and the integer item code
+FACTS_FORMAT = 5
 
 
 def _definitions() -> str:
@@ -233,6 +235,7 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
     rows just written, not the joins again (less memory at 10M)."""
     from equipoise.evaluators.metrics.conformal import sampling_pools_sql
     from equipoise.evaluators.metrics.registry import (
+        ITEM_CODE,
         SCORED_PROBS_COLUMNS,
         sample_probs_sql,
         scored_probs_sql,
@@ -263,10 +266,11 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW sample_probs AS SELECT * FROM main.facts_sample_probs{where}"
         )
-        fill("facts_scored", scored_probs_sql())
+        fill("facts_scored", _item_codes_sql(scored_probs_sql()))
+        fact_only = ", ".join([*SCORED_PROBS_COLUMNS, ITEM_CODE])
         con.execute(
             f"""CREATE OR REPLACE TEMP VIEW scored AS
-                SELECT * EXCLUDE ({", ".join(SCORED_PROBS_COLUMNS)}) FROM main.facts_scored{where}"""
+                SELECT * EXCLUDE ({fact_only}) FROM main.facts_scored{where}"""
         )
         for pool in POOLS:
             fill(f"facts_unc_scores_{pool}", fact_scores_sql(pool))
@@ -277,6 +281,25 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
             """DROP VIEW IF EXISTS scored; DROP VIEW IF EXISTS option_probs; DROP VIEW IF EXISTS sample_probs;
                DROP VIEW IF EXISTS scored_live; DROP VIEW IF EXISTS option_probs_live;"""
         )
+
+
+def _item_codes_sql(query: str) -> str:
+    """The rows of ``query`` (with an ``item_id`` from ``items``) plus ``registry.ITEM_CODE``: the
+    rank of item_id among the distinct item_id of ``items``, in string order.
+
+    Why: conformal's option mask (``conformal._coded``) joins every unit to its split hashes by the
+    item and breaks ties by the item's string order; an integer of the same order does both
+    without hashing or comparing the strings. The rank is per item_id string (not per dataset), so
+    the code of an item_id is the same in every run, and it depends only on ``items``, a shared
+    table: an incremental refresh (new or changed runs) keeps every code, and a change to
+    ``items`` recomputes every fact (``refresh``)."""
+    from equipoise.evaluators.metrics.registry import ITEM_CODE
+
+    codes = (
+        f"SELECT item_id, row_number() OVER (ORDER BY item_id)::INTEGER AS {ITEM_CODE} "
+        "FROM (SELECT DISTINCT item_id FROM main.items)"
+    )
+    return f"SELECT q.*, c.{ITEM_CODE} FROM ({query}) q JOIN ({codes}) c ON c.item_id = q.item_id"
 
 
 def _batches(con: duckdb.DuckDBPyConnection, runs_sql: str) -> list[list[str]]:

@@ -185,8 +185,9 @@ def read_facts(con: duckdb.DuckDBPyConnection) -> None:
         for r in BASE_RELATIONS
         if r != "scored"
     )
+    fact_only = ", ".join([*SCORED_PROBS_COLUMNS, ITEM_CODE])  # and its integer item code
     views += (
-        f"CREATE OR REPLACE TEMP VIEW scored AS SELECT * EXCLUDE ({', '.join(SCORED_PROBS_COLUMNS)}) "
+        f"CREATE OR REPLACE TEMP VIEW scored AS SELECT * EXCLUDE ({fact_only}) "
         "FROM main.facts_scored;\n"
         "CREATE OR REPLACE TEMP VIEW scored_probs AS SELECT * FROM main.facts_scored;\n"
     )
@@ -272,7 +273,19 @@ def cap_pass_memory(con: duckdb.DuckDBPyConnection) -> None:
 
 
 # the per-sample columns scored_probs adds to scored (sql/scored_probs.sql)
-SCORED_PROBS_COLUMNS = ("n_scored", "brier_mc", "chosen_prob", "target_prob")
+SCORED_PROBS_COLUMNS = (
+    "n_scored",
+    "brier_mc",
+    "chosen_prob",
+    "target_prob",
+    "lac_scores",
+    "lac_target",
+    "aps_scores",
+    "aps_target",
+)
+# facts_scored's integer code of item_id (facts.py, ``_item_codes_sql``): its rank among the distinct
+# item_id of ``items`` in string order, so conformal's option mask joins and orders units by an integer
+ITEM_CODE = "item_code"
 
 
 def scored_probs_sql() -> str:
