@@ -594,6 +594,13 @@ def test_constant_run_columns_are_told_apart_from_varying_ones():
     dicts = [pa.array(v).dictionary_encode() for v in (["x", "x"], ["y", "x"])]
     assert not _constant(pa.chunked_array(dicts))
     assert _constant(pa.chunked_array([dicts[0], pa.array(["x"]).dictionary_encode()]))
+    # a dictionary that repeats a value: different indices, one value
+    twice = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), pa.array(["x", "x"]))
+    assert _constant(pa.chunked_array([twice, pa.array(["x"]).dictionary_encode()]))
+    assert not _constant(pa.chunked_array([twice, pa.array(["y"]).dictionary_encode()]))
+    assert _constant(pa.chunked_array([pa.array([], pa.string()).dictionary_encode(), dicts[0]]))
+    assert _constant(pa.chunked_array([pa.array([3, 3], pa.int64())]))
+    assert not _constant(pa.chunked_array([pa.array([3, 4], pa.int64())]))
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
