@@ -527,6 +527,9 @@ def test_a_first_import_and_a_resume_write_the_same_rows(nota, tmp_path):
     assert imp._fast_import(two, whole).added == len(recs) - 3
     import_predictions(slow, whole, fast=False)
     assert _stored(one) == _stored(two) == _stored(slow)
+    # neither path leaves its working tables (the item option bits, the joined rows) behind
+    for con in (one, two):
+        assert not scalar(con, "SELECT count(*) FROM duckdb_tables() WHERE starts_with(table_name, '_imp')")
     for con in (one, two, slow):
         con.close()
 
