@@ -464,7 +464,7 @@ def _repeated(value: object, type_: pyarrow.DataType, n: int) -> pyarrow.Chunked
     """``n`` copies of ``value`` (None: ``n`` nulls) of ``type_``, as one block of at most
     :data:`_REPEAT_BLOCK` values repeated, every chunk sharing its buffers. Why: a field the file
     leaves out (a default, or a column of nulls) is a column DuckDB reads like any other, and
-    one array of ``n`` values cost a write of every page it fills (about 0.1 s at 1M records
+    one array of ``n`` values costs a write of every page it fills (0.05-0.1 s at 1M records
     for the three float columns and the two defaulted strings of a typical file), spent before
     DuckDB starts, on one core."""
     block = pyarrow.repeat(pyarrow.scalar(value, type_), min(n, _REPEAT_BLOCK))
@@ -680,8 +680,9 @@ def _fast_checked(
     # the side it estimates smaller, and over the subquery it guessed the aggregate larger than
     # the records, so it built on the records, copying every record's text columns into the hash
     # table and out again; over the stored aggregate (exact counts) it builds on the aggregate's
-    # few columns and streams the records through. At 1M records the predictions INSERT fell
-    # from 1.77 to 1.10 CPU-s, against 0.50 for storing the aggregate.
+    # few columns and streams the records through. At 1M records (the Parquet file of
+    # benchmarks/import_bench.py, alternated five times under load): storing the aggregate plus
+    # the INSERT 1.63-1.78 CPU-s against 1.78-1.97 for the INSERT over the subquery.
     bits = f"bit_or({lbit}) AS has, coalesce(bit_or({lbit}) FILTER (WHERE role = 'abstain'), 0) AS abstain"
     if len(pix_of) <= _PAIR_SCANS:
         opt_sql = " UNION ALL ".join(
