@@ -527,6 +527,9 @@ def test_a_first_import_and_a_resume_write_the_same_rows(nota, tmp_path):
     assert imp._fast_import(two, whole).added == len(recs) - 3
     import_predictions(slow, whole, fast=False)
     assert _stored(one) == _stored(two) == _stored(slow)
+    # neither path leaves its working tables (the item option bits, the joined rows) behind
+    for con in (one, two):
+        assert not scalar(con, "SELECT count(*) FROM duckdb_tables() WHERE starts_with(table_name, '_imp')")
     for con in (one, two, slow):
         con.close()
 
@@ -594,6 +597,13 @@ def test_constant_run_columns_are_told_apart_from_varying_ones():
     dicts = [pa.array(v).dictionary_encode() for v in (["x", "x"], ["y", "x"])]
     assert not _constant(pa.chunked_array(dicts))
     assert _constant(pa.chunked_array([dicts[0], pa.array(["x"]).dictionary_encode()]))
+    # a dictionary that repeats a value: different indices, one value
+    twice = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), pa.array(["x", "x"]))
+    assert _constant(pa.chunked_array([twice, pa.array(["x"]).dictionary_encode()]))
+    assert not _constant(pa.chunked_array([twice, pa.array(["y"]).dictionary_encode()]))
+    assert _constant(pa.chunked_array([pa.array([], pa.string()).dictionary_encode(), dicts[0]]))
+    assert _constant(pa.chunked_array([pa.array([3, 3], pa.int64())]))
+    assert not _constant(pa.chunked_array([pa.array([3, 4], pa.int64())]))
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])

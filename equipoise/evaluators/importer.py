@@ -419,11 +419,11 @@ def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
             if field.name in defaults and col.null_count:
                 col = pyarrow.compute.fill_null(col, defaults[field.name])
         elif field.name in defaults:
-            col = pyarrow.repeat(pyarrow.scalar(defaults[field.name], field.type), table.num_rows)
+            col = _repeated(defaults[field.name], field.type, table.num_rows)
         else:
-            col = pyarrow.nulls(table.num_rows, type=field.type)
+            col = _repeated(None, field.type, table.num_rows)
         cols[field.name] = col
-    cols["tl"] = pyarrow.nulls(table.num_rows, type=pyarrow.list_(pyarrow.float64()))
+    cols["tl"] = _repeated(None, pyarrow.list_(pyarrow.float64()), table.num_rows)
     if "token_logprobs" in table.column_names:
         t = table["token_logprobs"].type
         if not (
@@ -438,12 +438,14 @@ def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
     if "option_logprobs" in table.column_names:
         t = table["option_logprobs"].type
         if pyarrow.types.is_struct(t):
-            col = table["option_logprobs"].combine_chunks()
+            col = table["option_logprobs"]
             for i in range(t.num_fields):
                 f = t.field(i)
                 if not (pyarrow.types.is_floating(f.type) or pyarrow.types.is_integer(f.type)):
                     return None
-                child = col.field(i).cast(pyarrow.float64())
+                # each chunk's child as it is (no copy of the struct into one chunk first)
+                child = pyarrow.chunked_array([c.field(i) for c in col.chunks], type=f.type)
+                child = child.cast(pyarrow.float64())
                 if path.suffix == ".parquet" and (child.null_count != col.null_count):
                     return None  # a key present with no value: the checked path names it
                 labels.append(f.name)
@@ -453,6 +455,21 @@ def _read_columns(path: Path) -> tuple[pyarrow.Table, list[str]] | None:
     for i, v in enumerate(values):
         cols[f"lp_{i}"] = v  # positional names: a label never becomes an SQL identifier
     return pyarrow.table(cols), labels
+
+
+_REPEAT_BLOCK = 1 << 16
+
+
+def _repeated(value: object, type_: pyarrow.DataType, n: int) -> pyarrow.ChunkedArray:
+    """``n`` copies of ``value`` (None: ``n`` nulls) of ``type_``, as one block of at most
+    :data:`_REPEAT_BLOCK` values repeated, every chunk sharing its buffers. Why: a field the file
+    leaves out (a default, or a column of nulls) is a column DuckDB reads like any other, and
+    one array of ``n`` values costs a write of every page it fills (0.05-0.1 s at 1M records
+    for the three float columns and the two defaulted strings of a typical file), spent before
+    DuckDB starts, on one core."""
+    block = pyarrow.repeat(pyarrow.scalar(value, type_), min(n, _REPEAT_BLOCK))
+    whole, rest = divmod(n, len(block)) if n else (0, 0)
+    return pyarrow.chunked_array([block] * whole + ([block.slice(0, rest)] if rest else []), type=type_)
 
 
 def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | None:
@@ -494,7 +511,8 @@ def _fast_import(con: duckdb.DuckDBPyConnection, path: Path) -> ImportSummary | 
         con.unregister("_imp")
         for name in ("_imp_const", "_imp_runs", "_imp_pairs", "_imp_parsed"):
             con.unregister(name)
-        con.execute("DROP TABLE IF EXISTS _imp_keys; DROP TABLE IF EXISTS _imp_rows")
+        for name in ("_imp_keys", "_imp_rows", "_imp_opts"):
+            con.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def _constant(col: pyarrow.ChunkedArray) -> bool:
@@ -505,6 +523,22 @@ def _constant(col: pyarrow.ChunkedArray) -> bool:
         return True
     if col.null_count:
         return False
+    if pyarrow.types.is_dictionary(col.type) and not pyarrow.types.is_floating(col.type.value_type):
+        # a Parquet dictionary column: one value iff each chunk uses one dictionary entry (its
+        # least index equals its greatest) and those entries are equal; found on the indices in
+        # one pass, without the boolean column an equality test builds over the decoded values
+        # (about 0.1 CPU-s at 1M records over the run columns, spent on one core before DuckDB
+        # starts). A dictionary that repeats a value falls back to the equality test. Plain
+        # strings keep that test: their min / max cost more than it
+        used = set()
+        for chunk in col.chunks:
+            if len(chunk):
+                ends = pyarrow.compute.min_max(chunk.indices)
+                if ends["min"] != ends["max"]:
+                    break
+                used.add(chunk.dictionary[ends["min"].as_py()].as_py())
+        else:
+            return len(used) == 1
     return bool(pyarrow.compute.all(pyarrow.compute.equal(col, col[0])).as_py())
 
 
@@ -641,7 +675,14 @@ def _fast_checked(
     # for the items of the file's datasets; a record whose item is not there gets NULL. A file
     # names few (dataset, config) pairs: one scan per pair, filtered on constants (DuckDB skips
     # the other datasets' row groups) and grouped on item_id alone, costs about two thirds of one
-    # scan grouped on all three columns. The aggregate feeds the join directly (not stored first).
+    # scan grouped on all three columns. The aggregate is stored first (a temporary table of one
+    # small row per item), not fed to the join as a subquery: DuckDB builds a join's hash table on
+    # the side it estimates smaller, and over the subquery it guessed the aggregate larger than
+    # the records, so it built on the records, copying every record's text columns into the hash
+    # table and out again; over the stored aggregate (exact counts) it builds on the aggregate's
+    # few columns and streams the records through. At 1M records (the Parquet file of
+    # benchmarks/import_bench.py, alternated five times under load): storing the aggregate plus
+    # the INSERT 1.63-1.78 CPU-s against 1.78-1.97 for the INSERT over the subquery.
     bits = f"bit_or({lbit}) AS has, coalesce(bit_or({lbit}) FILTER (WHERE role = 'abstain'), 0) AS abstain"
     if len(pix_of) <= _PAIR_SCANS:
         opt_sql = " UNION ALL ".join(
@@ -667,12 +708,12 @@ def _fast_checked(
     # the common case) is appended with no anti-join, so the item / label checks ride on the
     # insert itself: the predictions INSERT reads the records joined to their items' option bits
     # and raises (DuckDB's error(), which aborts the statement and with it the transaction) at the
-    # first record that fails one; nothing is materialised and no second pass reads the join. A
+    # first record that fails one; no joined record is stored and no second pass reads the join. A
     # run with stored rows goes through the anti-join, whose filter DuckDB may apply before the
     # projection (a failing record whose key is stored would then never be looked at), so there
     # the joined rows are stored first and checked by their own query.
     run_col = "k.run_id" if varying else sql_literal(run_list[0])
-    on_opts = f"LEFT JOIN ({opt_sql}) o ON o.pix = {pix_col} AND o.item_id = i.item_id"
+    on_opts = f"LEFT JOIN _imp_opts o ON o.pix = {pix_col} AND o.item_id = i.item_id"
     bits_of_lp = [bit_of[lab] for lab in labels]
     # no (run, item, sample) repeats, counted on the parsed records; by run, not by run key: two
     # keys can name one run (a template id the run id leaves out, temperature null or 0).
@@ -683,6 +724,7 @@ def _fast_checked(
     key = f"{rix_col}, i.item_id, i.sample_index"
     if _one(con, f"SELECT count(*) - count(DISTINCT hash({key})) FROM _imp i {run_join}"):
         return None
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _imp_opts AS {opt_sql}")
     fused = not _holds_runs(con, "predictions", run_list)
     if fused:
         rows_src, score_src = f"_imp i {run_join} {on_opts}", f"_imp i {run_join}"
