@@ -288,9 +288,7 @@ def _selected(names: list[str], only: str | None, strict: bool = True) -> list[s
     return [n for n in names if n in wanted]
 
 
-def child_duckdb(
-    store: Path, outdir: Path, memory_limit: str | None, only: str | None, jobs: int
-) -> None:
+def child_duckdb(store: Path, outdir: Path, memory_limit: str | None, only: str | None, jobs: int) -> None:
     """`equipoise metrics --out DIR --jobs N` with no other options, timed per metric (compute +
     write). With ``jobs`` > 1 the metrics run in lanes (``pass_runner.run_pass``): each metric's time
     is its own wall time in its lane, so they add up to more than the total."""
