@@ -1035,9 +1035,7 @@ def _metric_failed(name: str, exc: BaseException) -> None:
 
     if isinstance(exc, KeyError):
         _fail(str(exc.args[0]))
-    if isinstance(exc, ValueError | TypeError):
-        _fail(f"{name}: {exc}")
-    if isinstance(exc, duckdb.Error):
+    if isinstance(exc, ValueError | TypeError | duckdb.Error):
         from equipoise.evaluators.store import first_line
 
         _fail(f"{name}: {first_line(exc)}")
