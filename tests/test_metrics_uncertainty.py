@@ -1076,7 +1076,7 @@ def test_unc_summary_literal_scales_give_the_general_bits(store) -> None:
 
 def test_unc_summary_literal_means_equal_the_general_form() -> None:
     """_literal_means against _exact_mean on one table: doubles over many magnitudes, integers of
-    several types (past 2**53 too, where the integer sum is not taken), an all-NULL and an all-zero
+    several types (past 2**53 too), an all-NULL and an all-zero
     column: the same doubles; a column holding inf or NaN makes it decline (None)."""
     from equipoise.evaluators.metrics.uncertainty import _exact_mean, _literal_means
 
@@ -1097,8 +1097,8 @@ def test_unc_summary_literal_means_equal_the_general_form() -> None:
     con.execute("UPDATE t SET d = NULL, i = NULL WHERE g = 3 AND d > 1")  # NULLs inside a group
     cols = ["d", "i", "big", "z", "nul", "nul_i"]
     types = {str(r[0]): str(r[1]) for r in con.execute("DESCRIBE t").fetchall()}
-    literal = _literal_means(con, "SELECT * FROM t", cols, types)
-    assert literal is not None and "HUGEINT" in literal[1] and "HUGEINT" not in literal[2]
+    literal = _literal_means(con, "SELECT * FROM t", cols)
+    assert literal is not None
     exact = [_exact_mean(c, integer=types[c] in ("INTEGER", "BIGINT")) for c in cols]
     scales = ", ".join(s for s, _ in exact)
     general = con.execute(
@@ -1108,9 +1108,9 @@ def test_unc_summary_literal_means_equal_the_general_form() -> None:
     lit = con.execute(f"SELECT g, {', '.join(literal)} FROM t GROUP BY g ORDER BY g").fetchall()
     assert lit == general and len(lit) == 4
     con.execute("CREATE TABLE u AS SELECT * FROM t UNION ALL SELECT 0, 'inf'::DOUBLE, 1, 1, 0, NULL, NULL")
-    assert _literal_means(con, "SELECT * FROM u", cols, types) is None
+    assert _literal_means(con, "SELECT * FROM u", cols) is None
     con.execute("CREATE TABLE v AS SELECT * FROM t UNION ALL SELECT 0, 'nan'::DOUBLE, 1, 1, 0, NULL, NULL")
-    assert _literal_means(con, "SELECT * FROM v", cols, types) is None
+    assert _literal_means(con, "SELECT * FROM v", cols) is None
 
 
 def test_unc_auroc_read_ahead_groups_give_the_joined_bits(store, monkeypatch) -> None:
@@ -1144,3 +1144,45 @@ def test_unc_auroc_read_ahead_groups_give_the_joined_bits(store, monkeypatch) ->
         pd.testing.assert_frame_equal(got[True], got[False], check_exact=True)
     assert {(True, True, True), (True, False, True), (False, False, False)} <= seen
     assert null_group
+
+
+def test_unc_auroc_ranks_infinities_apart_from_undefined_scores(store, monkeypatch) -> None:
+    """A continuous score holding -inf, +inf (tied among themselves), NULL and NaN next to each
+    other: the ranked path (undefined read as NaN, which sorts after +inf) gives the same AUROC as
+    the per-value counts and as a brute-force count over every (incorrect, correct) pair of the
+    defined items, and the undefined items are counted apart."""
+    from equipoise.evaluators.metrics import uncertainty
+    from equipoise.evaluators.metrics.registry import REGISTRY
+
+    inf = float("inf")
+    values = [-inf, 1.0, 1.0, inf, inf, None, float("nan"), 0.5, inf, -inf, 2.0, None, 1.0, inf]
+    wrong = [1, 0, 1, 1, 0, 1, 0, 0, 1, 0, 1, 0, 0, 0]
+    rows = ", ".join(
+        f"('{'ab'[i // 7]}', {'NULL' if v is None else repr(str(v))}::DOUBLE, {not w})"
+        for i, (v, w) in enumerate(zip(values, wrong, strict=True))
+    )
+    params = {**REGISTRY["unc_auroc"].params, "scores": ["avg_nll"]}
+    got = {}
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        con.execute(
+            f"CREATE TEMP TABLE crafted AS SELECT * FROM (VALUES {rows}) AS t(model, avg_nll, correct)"
+        )
+        assert con.execute("SELECT count(*) FROM crafted WHERE isnan(avg_nll)").fetchone() == (1,)
+        monkeypatch.setattr(uncertainty, "_scores_source", lambda *a, **k: "SELECT * FROM crafted")
+        for split in ((), ("avg_nll",)):  # ranked, then counted per value
+            monkeypatch.setattr(uncertainty, "DISCRETE_COLUMNS", split)
+            sql = uncertainty._auroc_sql(con, ["model"], params)
+            got[split] = con.execute(sql).df().set_index("model")
+    finally:
+        con.close()
+    pd.testing.assert_frame_equal(got[()], got[("avg_nll",)], check_exact=True)
+    for model, rows in (("a", slice(0, 7)), ("b", slice(7, 14))):
+        pairs = [(v, w) for v, w in zip(values[rows], wrong[rows], strict=True) if v is not None and v == v]
+        pos = [v for v, w in pairs if w]
+        neg = [v for v, w in pairs if not w]
+        twice_u = sum(2 * (p > q) + (p == q) for p in pos for q in neg)
+        row = got[()].loc[model]
+        assert row.n_undefined == 7 - len(pairs) and row.n == len(pairs) and row.n_incorrect == len(pos)
+        assert row.auroc == twice_u / (2 * len(pos) * len(neg))

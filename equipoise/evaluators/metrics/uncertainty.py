@@ -395,12 +395,17 @@ def _wrapped(
     params: dict,
     split_key: str | None = None,
     item_ord: bool = False,
+    source: str | None = None,
     **extra: str,
 ) -> str:
+    """Metric ``name``'s SQL template filled in; ``source``: the scores' query when the caller has
+    already built it (``_scores_source`` with no split key or item order), not built again."""
     text = (SQL_DIR / REGISTRY[name].sql).read_text(encoding="utf-8")
+    if source is None:
+        source = _scores_source(con, by, params, split_key=split_key, item_ord=item_ord)
     # every template gets the scores' source mode; those that do not name it ignore it
     return text.format(
-        scores_sql=_scores_source(con, by, params, split_key=split_key, item_ord=item_ord),
+        scores_sql=source,
         by=_by(by),
         part=_by(by),
         strata=_strata(by),
@@ -559,7 +564,7 @@ def _normalization_bounds_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str],
     )
 
 
-def _group_ids(by: Sequence[str], literal: list[tuple[str, ...]] | None = None) -> dict[str, str]:
+def _group_ids(by: Sequence[str], literal: _Groups | None = None) -> dict[str, str]:
     """Two CTE bodies that number a metric's groups: ``groups`` (the distinct values of the grouping
     columns with an integer ``_gid``) and ``keyed`` (every per-item row of ``sc`` with its ``_gid``,
     whether it is incorrect, and its scores). Sorting or hashing on one integer is several times
@@ -567,10 +572,10 @@ def _group_ids(by: Sequence[str], literal: list[tuple[str, ...]] | None = None) 
     ``groups`` is MATERIALIZED: its numbering (row_number over a DISTINCT, in no set order) is
     read by ``keyed`` once per score and by the final join, and must be one numbering for all.
 
-    ``literal``: the groups already read (``_literal_groups``: per group the SQL literals of its
-    values), numbered in that order: ``groups`` is then a VALUES list and ``keyed`` numbers each
-    row by a CASE over those few groups instead of a hash join per score (about 0.06 s less of
-    unc_auroc's CPU at 1M predictions with three groups)."""
+    ``literal``: the groups already read (``_read_groups``: each group's values, and the columns'
+    types), numbered in that order: ``groups`` is then a VALUES list and ``keyed`` numbers each
+    row by a CASE over those few groups instead of a hash join per score (about 0.05-0.06 s less
+    of unc_auroc's CPU at 1M predictions with three groups)."""
     if not by:
         return {
             "groups": "groups AS (SELECT 0 AS _gid)",
@@ -578,18 +583,28 @@ def _group_ids(by: Sequence[str], literal: list[tuple[str, ...]] | None = None) 
         }
     cols = ", ".join(by)
     if literal is not None:
-        rows = ", ".join("(" + ", ".join([*vals, f"{k}::BIGINT"]) + ")" for k, vals in enumerate(literal))
+        rows, types = literal
+
+        def typed(v: object, c: str) -> str:
+            assert v is None or isinstance(v, str | int), v  # _read_groups keeps strings and integers
+            value = "NULL" if v is None else sql_literal(v) if isinstance(v, str) else str(v)
+            return f"{value}::{types[c]}"
+
+        values = ", ".join(
+            "(" + ", ".join([*(typed(v, c) for v, c in zip(r, by, strict=True)), f"{k}::BIGINT"]) + ")"
+            for k, r in enumerate(rows)
+        )
         whens = " ".join(
             "WHEN "
             + " AND ".join(
-                f"sc.{c} IS NULL" if v.startswith("NULL::") else f"sc.{c} = {v}"
-                for c, v in zip(by, vals, strict=True)
+                f"sc.{c} IS NULL" if v is None else f"sc.{c} = {typed(v, c)}"
+                for v, c in zip(r, by, strict=True)
             )
             + f" THEN {k}::BIGINT"
-            for k, vals in enumerate(literal)
+            for k, r in enumerate(rows)
         )
         return {
-            "groups": f"groups AS (SELECT * FROM (VALUES {rows}) AS _g({cols}, _gid))",
+            "groups": f"groups AS (SELECT * FROM (VALUES {values}) AS _g({cols}, _gid))",
             "keyed": f"SELECT CASE {whens} END AS _gid, NOT sc.correct AS _incorrect, sc.* FROM sc",
         }
     on = " AND ".join(f"sc.{c} IS NOT DISTINCT FROM gr.{c}" for c in by)
@@ -603,39 +618,33 @@ def _group_ids(by: Sequence[str], literal: list[tuple[str, ...]] | None = None) 
 # at most this many groups are numbered by a CASE in unc_auroc (see _group_ids); more use a join
 _CASE_GROUPS = 8
 
+# unc_auroc's groups read ahead (``_read_groups``): the values of each group, in the order they are
+# numbered, and the grouping columns' types
+_Groups = tuple[list[tuple[object, ...]], dict[str, str]]
 
-def _literal_groups(
-    con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict
-) -> tuple[int, list[tuple[str, ...]] | None] | None:
-    """unc_auroc's groups read ahead: (how many, and when there are at most ``_CASE_GROUPS`` of
-    them and every grouping column is a string or an integer, each group's values as typed SQL
-    literals, else None); None where the scores are not a table (over plain views reading the
-    groups would compute the whole unc_scores query once more). A DISTINCT of the grouping
-    columns: about 2 ms at 1M predictions."""
+
+def _read_groups(
+    con: duckdb.DuckDBPyConnection, by: Sequence[str], source: str, n_scores: int
+) -> tuple[int | None, _Groups | None]:
+    """unc_auroc's groups read ahead, where the scores are a table (over plain views reading them
+    would compute the whole unc_scores query once more: (None, None) there). Returns how many
+    groups there are (None: more than a 2-byte partition key numbers, see ``_part_type``) and,
+    when there are at most ``_CASE_GROUPS`` and every grouping column is a string or an integer,
+    the groups for ``_group_ids`` to number by a CASE (else None). One DISTINCT of the grouping
+    columns, limited to what either use needs: about 2 ms at 1M predictions."""
     if not _materialized(con):
-        return None
+        return None, None
     if not by:
         return 1, None
     cols = ", ".join(by)
-    source = _scores_source(con, by, params)
+    limit = max(_CASE_GROUPS, _SMALL_PARTS // n_scores)
+    rows = con.execute(f"SELECT DISTINCT {cols} FROM ({source}) LIMIT {limit + 1}").fetchall()
+    if len(rows) > limit:
+        return None, None
     types = {str(r[0]): str(r[1]) for r in con.execute(f"DESCRIBE {source}").fetchall()}
-    rows = con.execute(f"SELECT DISTINCT {cols} FROM ({source}) LIMIT {_CASE_GROUPS + 1}").fetchall()
-    if len(rows) > _CASE_GROUPS:
-        count = f"SELECT count(*) FROM (SELECT DISTINCT {cols} FROM ({source}))"
-        return int(con.execute(count).fetchone()[0]), None
-    if any(types[c] != "VARCHAR" and types[c] not in _INTEGER_TYPES for c in by):
+    if len(rows) > _CASE_GROUPS or any(types[c] != "VARCHAR" and types[c] not in _INTEGER_TYPES for c in by):
         return len(rows), None
-
-    def literal(v: object, t: str) -> str:
-        if v is None:
-            return f"NULL::{t}"
-        if isinstance(v, str):
-            return f"{sql_literal(v)}::{t}"
-        if isinstance(v, int):
-            return f"{v}::{t}"
-        raise TypeError(f"unexpected group value {v!r} of type {t}")
-
-    return len(rows), [tuple(literal(v, types[c]) for v, c in zip(r, by, strict=True)) for r in rows]
+    return len(rows), (rows, {c: types[c] for c in by})
 
 
 # scores that take few distinct values (counts, fractions of a handful of samples, parsed
@@ -660,7 +669,7 @@ def _long_scores(
     """One row per (item, score) of ``keyed`` for the scores ``cols`` at ``positions`` of the
     metric's score list: _part = _gid * n_scores + position, _incorrect, and the score as DOUBLE in
     _v (NaN read as NULL; with ``undefined_nan`` the other way round: NULL read as NaN, see
-    ``_auroc_sql``). An empty list gives no rows. _part is ``part_type``, an unsigned integer
+    ``sql/unc_auroc.sql``). An empty list gives no rows. _part is ``part_type``, an unsigned integer
     narrower than the BIGINT the arithmetic yields: the window sorts on (_part, _v), and a 4-byte
     key made that sort about 25% cheaper than 8 bytes (a value too large for the type raises an
     error rather than a wrong number; see ``_part_type`` for the 2-byte one).
@@ -698,8 +707,9 @@ def _part_type(n_groups: int | None, n_scores: int) -> str:
     (group, score) pair fits in it, else UINTEGER. The window sorts on (_part, _v); with the 2-byte
     key that sort took about 0.06 s (some 7% of the metric) less CPU at 1M predictions with one
     DuckDB thread than with the 4-byte one, the same ranks. ``n_groups`` is known only where the
-    scores are a table (``_literal_groups``); None (plain views, where counting the groups would
-    compute the whole unc_scores query once more) keeps the 4-byte key."""
+    scores are a table and few enough groups exist (``_read_groups``); None (plain views, where
+    counting the groups would compute the whole unc_scores query once more, or too many groups)
+    keeps the 4-byte key."""
     if n_groups is None:
         return "UINTEGER"
     return "USMALLINT" if n_groups * n_scores <= _SMALL_PARTS else "UINTEGER"
@@ -717,13 +727,14 @@ def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) 
     cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
     discrete = [k for k, c in enumerate(cols) if c in DISCRETE_COLUMNS]
     continuous = [k for k, c in enumerate(cols) if c not in DISCRETE_COLUMNS]
-    read = _literal_groups(con, by, params)
-    n_groups, literal = read if read is not None else (None, None)
+    source = _scores_source(con, by, params)
+    n_groups, literal = _read_groups(con, by, source, len(cols))
     return _wrapped(
         con,
         "unc_auroc",
         by,
         params,
+        source=source,
         n_scores=str(len(cols)),
         value_counts=_value_counts(
             _long_scores([cols[k] for k in discrete], discrete, len(cols)), "g_discrete"
@@ -757,6 +768,13 @@ _INTEGER_TYPES = frozenset(
 )
 
 
+def _scale_sql(largest: str) -> str:
+    """The power of two that scales a score whose largest finite |value| is ``largest`` (> 0) below
+    2**MEAN_BITS (``_exact_mean``); ``_literal_means`` computes the same scale from the same SQL,
+    so the two forms give the same bits."""
+    return f"pow(2.0, least(1000, {MEAN_BITS} - (floor(log2({largest})) + 1)))"
+
+
 def _exact_mean(col: str, integer: bool = False) -> tuple[str, str]:
     """A deterministic mean of score ``col`` for unc_summary: (the select item of its scale, over all
     rows of ``sc``; the aggregate of its mean, per group).
@@ -776,23 +794,15 @@ def _exact_mean(col: str, integer: bool = False) -> tuple[str, str]:
     numbers for less work (unc_summary's five count scores: about 0.02 s of its 0.21 s)."""
     x = f"CAST({col} AS DOUBLE)"
     finite = x if integer else f"CASE WHEN isfinite({x}) THEN {x} END"
-    scale = (
-        f"CASE WHEN max(abs({finite})) > 0 THEN "
-        f"pow(2.0, least(1000, {MEAN_BITS} - (floor(log2(max(abs({finite})))) + 1))) ELSE 1.0 END AS s__{col}"
-    )
+    largest = f"max(abs({finite}))"
+    scale = f"CASE WHEN {largest} > 0 THEN {_scale_sql(largest)} ELSE 1.0 END AS s__{col}"
     fixed = f"sum(({finite} * s__{col})::BIGINT)::DOUBLE / any_value(s__{col}) / count({col})"
     if integer:
         return scale, fixed
     return scale, f"CASE WHEN count({col}) > count({finite}) THEN avg({x}) ELSE {fixed} END"
 
 
-# 2**53: an integer below it in magnitude is exactly a DOUBLE (see _literal_means)
-_EXACT_INT = 2**53
-
-
-def _literal_means(
-    con: duckdb.DuckDBPyConnection, source: str, cols: Sequence[str], types: dict[str, str]
-) -> list[str] | None:
+def _literal_means(con: duckdb.DuckDBPyConnection, source: str, cols: Sequence[str]) -> list[str] | None:
     """unc_summary's mean aggregates with each score's scale (see ``_exact_mean``) read first by a
     query of its own and written into the SQL as a literal, or None when some score holds inf or
     NaN (the general form then keeps its finiteness tests).
@@ -801,11 +811,8 @@ def _literal_means(
     every row, and each aggregate tests each value for finiteness twice. Here a query of plain
     max and min finds the largest |value| of every score: when that is finite (or NULL: no value),
     no value is inf or NaN, so it is the largest finite |value| and the scale is the same power of
-    two, computed by the same SQL expression and written back exactly (``repr`` of a double
-    round-trips); the aggregates need no finiteness test and no ``avg()`` branch. A score of an
-    integer type whose largest |value| lies below 2**53 (every value is then exactly a DOUBLE, and
-    times the scale below 2**61, an exact BIGINT) sums its values as integers and multiplies the
-    sum by the scale: the same HUGEINT the general form sums term by term, so the same double. The
+    two, computed by the same SQL expression (``_scale_sql``) and written back exactly (``repr``
+    of a double round-trips); the aggregates need no finiteness test and no ``avg()`` branch. The
     same bits as the general form; unc_summary's CPU 0.20 -> 0.12 s at 1M predictions with one
     DuckDB thread. Only where the scores are a table (see ``_summary_sql``)."""
     # the largest |value| from the plain max and min of the column, cast after aggregating: the
@@ -816,22 +823,18 @@ def _literal_means(
     extremes = [f"greatest(CAST(max({c}) AS DOUBLE), -CAST(min({c}) AS DOUBLE)) AS m__{c}" for c in cols]
     items = []
     for c in cols:
-        power = f"pow(2.0, least(1000, {MEAN_BITS} - (floor(log2(m__{c})) + 1)))"
-        items += [f"m__{c}", f"CASE WHEN m__{c} > 0 THEN {power} ELSE 1.0 END AS s__{c}"]
+        items += [f"m__{c}", f"CASE WHEN m__{c} > 0 THEN {_scale_sql(f'm__{c}')} ELSE 1.0 END AS s__{c}"]
     row = con.execute(
         f"SELECT {', '.join(items)} FROM (SELECT {', '.join(extremes)} FROM ({source}))"
     ).fetchone()
+    assert row is not None
     means = []
     for k, c in enumerate(cols):
         largest, scale = row[2 * k], float(row[2 * k + 1])
         if largest is not None and not np.isfinite(largest):
             return None
         s = f"'{scale!r}'::DOUBLE"
-        exact_ints = largest is None or largest < _EXACT_INT
-        if types.get(c) in _INTEGER_TYPES and exact_ints and scale.is_integer() and scale < 2**62:
-            means.append(f"(sum({c}) * {int(scale)}::HUGEINT)::DOUBLE / {s} / count({c})")
-        else:
-            means.append(f"sum((CAST({c} AS DOUBLE) * {s})::BIGINT)::DOUBLE / {s} / count({c})")
+        means.append(f"sum((CAST({c} AS DOUBLE) * {s})::BIGINT)::DOUBLE / {s} / count({c})")
     return means
 
 
@@ -845,7 +848,7 @@ def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict
     # the scores' types, from the relation the metric reads (DESCRIBE binds it, computes nothing)
     described = con.execute(f"DESCRIBE {source}").fetchall()
     types = {str(r[0]): str(r[1]) for r in described}
-    literal = _literal_means(con, source, cols, types) if _materialized(con) else None
+    literal = _literal_means(con, source, cols) if _materialized(con) else None
     if literal is not None:
         means = literal
         scale_cte, scale_join = "", ""
@@ -860,6 +863,7 @@ def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict
         "unc_summary",
         by,
         params,
+        source=source,
         aggregates=aggregates,
         scale_cte=scale_cte,
         scale_join=scale_join,
