@@ -19,7 +19,7 @@
 --    group's _g0rn / _g0cum turns the previous end into the group's k_before / e_before (at a
 --    group's first block the previous end is the last row of the groups before it, which is
 --    exactly _g0rn / _g0cum, so k_before = e_before = 0), the numbers the partitioned window
---    gives. Only (_gid, _key) and the four counts are kept, in the order of {rows}.
+--    gives. Only (_gid, _key) and the four counts are kept.
 -- What it relies on: that these window values follow {rows}' insertion order, and the lag the
 -- order of the block ends that the first window passes on. DuckDB runs such a window as one
 -- streaming window over the table scan, not in parallel (its running state spans the rows), and

@@ -29,15 +29,15 @@
 -- Undefined scores (NULL or NaN) sort last, after every defined value, so they shift no defined
 -- value's counts or ranks; they are counted in n_undefined and left out of the sums. Splitting the
 -- scores this way sorts only the continuous half of the rows (about 35% less CPU than ranking every
--- score at 1M predictions; with the 4-byte partition key below, about 47% less in all). The work
--- runs on one integer key per (group, score), _part = _gid * {n_scores} + the score's position (an
--- unsigned integer of 2 or 4 bytes, uncertainty._part_type: the window sorts on it), not on the
--- group's strings: {groups} numbers the distinct
--- groups (_gid) and {keyed} tags each item with its _gid (by a join, or where a few groups were
--- read ahead by a CASE over their values, uncertainty._group_ids); the names come back at the end.
--- In the window an undefined continuous score is NaN, not NULL (uncertainty._long_scores reads a
--- NULL as NaN): DuckDB sorts NaN after every number, +inf included, so the order is the same, and a sort
--- key that is never NULL cost about 0.015 s less CPU at 1M predictions. NaN equals NaN in DuckDB,
+-- score at 1M predictions; with a 4-byte partition key instead of 8, about 47% less in all). The
+-- work runs on one integer key per (group, score), _part = _gid * {n_scores} + the score's
+-- position (an unsigned integer of 2 or 4 bytes, uncertainty._part_type: the window sorts on it),
+-- not on the group's strings: {groups} numbers the distinct groups (_gid) and {keyed} tags each
+-- item with its _gid (by a join, or where a few groups were read ahead by a CASE over their
+-- values, uncertainty._group_ids); the names come back at the end. In the window an undefined
+-- continuous score is NaN, not NULL (uncertainty._long_scores reads a NULL as NaN): DuckDB sorts
+-- NaN after every number, +inf included, so the order is the same, and a sort key that is never
+-- NULL cost about 0.015 s less CPU at 1M predictions. NaN equals NaN in DuckDB,
 -- so undefined rows may look tied; every sum below leaves them out by NOT isnan(_v).
 -- sc and keyed are NOT MATERIALIZED when the scores are a table (the fact or the connection's
 -- cache): each score's SELECT of keyed (uncertainty._long_scores) then scans only its own score,

@@ -8,9 +8,10 @@
 -- they are the same bits whatever DuckDB's threads. The scales are the CTE scale, CROSS JOINed
 -- to the rows ({{scale_cte}}, {{scale_join}}), or, where the scores are a table, literals in
 -- {{aggregates}} read by a query of their own (uncertainty._literal_means), with neither.
--- sc ({{source_mode}}) is NOT MATERIALIZED when the scores are a table (the fact or the connection's cache), so that scale and g each scan the
--- columns they read rather than a copy of every row being made first (about 12% of this metric's
--- CPU at 1M predictions); otherwise DuckDB's choice, as sc is then the whole unc_scores query.
+-- sc ({{source_mode}}) is NOT MATERIALIZED when the scores are a table (the fact or the
+-- connection's cache), so that g scans the columns it reads rather than a copy of every row being
+-- made first (about 12% of this metric's CPU at 1M predictions); otherwise DuckDB's choice, as sc
+-- is then the whole unc_scores query (read by scale and by g).
 WITH sc AS {source_mode} (
 {scores_sql}
 ){scale_cte},
