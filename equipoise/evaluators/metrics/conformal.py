@@ -60,7 +60,7 @@ LAC, APS and coverage_by share one unit set (sample ``sample_index`` of each run
 scores), so its mask is a TEMP table computed once per connection and parameters, and LAC / plain
 APS build their units on it, fetching each unit's scores (and coverage_by its column) by the rowid
 the table holds, not by a join on the string keys (run_id, item_id). Over the store's facts the
-table is built without any string join (``_coded``): ``facts_scored`` carries each prediction's
+table is built without a join on (run_id, item_id) (``_coded``): ``facts_scored`` carries each prediction's
 scores and an integer item code (the item_id's rank in string order, so keyed by it the split is
 the same), and the table keeps the target scores the thresholds read. Otherwise (views, and the
 sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
@@ -717,6 +717,8 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
     per seed and repeat count and shared by the conformal metrics of the pass (the hashes depend on
     nothing but the key, the seed and the repeat, so the shared table gives the same numbers)."""
     if not _fixed(con):
+        # the item code is a fact column: a query's own units never carry it (md5 would hash the code)
+        assert key_col != ITEM_CODE
         return _split_keys_sql(values, "SELECT DISTINCT ukey FROM units")
     assert con is not None
     if key_col == ITEM_CODE:  # keyed by the facts' integer item code (``_coded``)
@@ -786,14 +788,17 @@ def _row_relation(con: duckdb.DuckDBPyConnection, relation: str) -> str:
 
 
 def _mask_identity_sql(con: duckdb.DuckDBPyConnection, values: dict) -> str:
-    """CTEs ``base`` (every prediction of the sample: gid, sid, run_id, ukey = item_id, the rowid
-    sc_row of its row in ``scored``, the rowid sp_row of its ``sample_probs`` row (NULL: none, i.e.
-    no option scores) and has_probs) and ``units`` (those with option scores) of the shared mask
+    """CTEs ``base`` (every prediction of the sample: gid, sid, run_id, ukey, the rowid sc_row of its
+    row in ``scored`` and has_probs) and ``units`` (those with option scores) of the shared mask
     table: the identity columns of the LAC units (``conf_option_units.sql``), numbered the same way
-    (``_ids_sql``). The two rowids are why: the metrics reading the table (``_cached_option_units``)
-    fetch a unit's scores and reported column by one integer each (the relations are fixed for the
-    connection) instead of joining on the two string keys (run_id, item_id) in every metric; the one
-    string join to ``sample_probs`` is paid here, once per connection."""
+    (``_ids_sql``). The rowids are why: the metrics reading the table (``_cached_option_units``)
+    fetch a unit's scores and reported column by an integer (the relations are fixed for the
+    connection) instead of joining on the two string keys (run_id, item_id) in every metric.
+
+    Over the store's facts (``_coded``) ukey is the integer item code and the rows carry the
+    target scores (``_TARGETS``), all from ``facts_scored``. Otherwise ukey = item_id and the rows
+    carry sp_row, the rowid of the prediction's ``sample_probs`` row (NULL: no option scores): that
+    one string join is paid here, once per connection."""
     keep = ", ".join(dict.fromkeys(["run_id", "item_id", *values["by_cols"], *values["strat_cols"]]))
     sample = values["sample_index"]
     if _coded(con):
@@ -835,11 +840,11 @@ units AS (SELECT gid, sid, run_id, ukey, sc_row, sp_row FROM base WHERE has_prob
 
 def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     """The TEMP table of the option units' calibration mask (computed here if missing): one row per
-    prediction of the sample (gid, sid, sc_row, sp_row (see ``_mask_identity_sql``), mask words m0,
-    ...; NULL words: the item has no option scores, so it is no unit). Not the strings run_id and
-    ukey (= item_id): they made the rows the mask query materializes and writes several times wider,
-    and only the queries joining the table to units of their own need them, which fetch them by
-    sc_row (``_mask_with_identity``).
+    prediction of the sample (gid, sid, sc_row, then sp_row, or over the facts the target scores (see
+    ``_mask_identity_sql``), mask words m0, ...; NULL words: the item has no option scores, so it is
+    no unit). Not the strings run_id and item_id: they made the rows the mask query materializes
+    and writes several times wider, and only the queries joining the table to units of their own
+    need them, which fetch them by sc_row (``_mask_with_identity``).
 
     The mask depends on the unit set (group, stratum, run_id and unit key of each unit), the seed,
     the repeats and cal_fraction, never on the score: LAC, APS (randomised or not) and coverage_by
@@ -852,13 +857,16 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict) -> str:
 
 def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     """The query of the option units' mask table (``_option_mask_table``); it reads the shared split
-    keys of item_id (``_split_keys_source``: computed there if this connection lacks them)."""
+    keys of item_id, or of its integer code over the facts (``_split_keys_source``: computed there
+    if this connection lacks them)."""
     identity = _mask_identity_sql(con, values)
     nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
-    # units keyed by item_id (or its integer code); the table keeps the rowids, not the strings
+    # units keyed by item_id or its integer code; the table keeps the rowids, not the strings
     # run_id and item_id (see ``_option_mask_table``)
-    rows = f"sc_row, {_TARGETS}" if _coded(con) else "sc_row, sp_row"
-    mask = _inline_mask(con, "lac", values, {}, f"gid, sid, run_id, ukey, {rows}", _key_col_of(con))
+    coded = _coded(con)
+    rows = f"sc_row, {_TARGETS}" if coded else "sc_row, sp_row"
+    key_col = ITEM_CODE if coded else "item_id"
+    mask = _inline_mask(con, "lac", values, {}, f"gid, sid, run_id, ukey, {rows}", key_col)
     return (
         f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
         f"UNION ALL SELECT gid, sid, {rows}, {nulls} FROM base WHERE NOT has_probs"
@@ -874,30 +882,17 @@ def _coded(con: duckdb.DuckDBPyConnection) -> bool:
     carries the integer item code (``registry.ITEM_CODE``) and each prediction's option scores
     (``registry.SCORED_PROBS_COLUMNS``): the table's unit key is then that code, it holds each
     unit's target scores (``_TARGETS``, what the thresholds read: no join there), and the metrics
-    read the score lists from ``facts_scored`` by the table's sc_row (``_scores_rows``)."""
+    read the score lists (and coverage_by its column) from ``facts_scored`` by the table's sc_row
+    (``_cached_option_units``); otherwise they read them from ``sample_probs`` by its sp_row."""
     return uses_facts(con)
-
-
-def _key_col_of(con: duckdb.DuckDBPyConnection) -> str:
-    """The split keys' column of the option units' mask table (``_coded``)."""
-    return ITEM_CODE if _coded(con) else "item_id"
-
-
-def _scores_rows(con: duckdb.DuckDBPyConnection) -> tuple[str, str]:
-    """Where the option metrics on the mask table read a unit's LAC / APS scores: the relation
-    (holding ``{score}_scores``, ``{score}_target`` and ``target_prob``) and the mask table's rowid
-    column that points into it. With facts, ``facts_scored`` by sc_row (one relation for the scores
-    and coverage_by's column); otherwise the connection's ``sample_probs`` by sp_row."""
-    if _coded(con):
-        return "main.facts_scored", "sc_row"
-    return _row_relation(con, "sample_probs"), "sp_row"
 
 
 def _mask_table_name(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     """The name of the option units' mask table: a hash of what its query (``_option_mask_query``)
     depends on, i.e. the relations it reads (the store's facts or the connection's TEMP tables), the
     unit set (grouping and stratum columns, sample) and the split (seed, repeats, cal_fraction) and
-    window knobs; the key is item_id and the SQL is fixed for the process (the table is TEMP). Not
+    window knobs; the key (item_id, or its code over the facts) and the SQL are fixed for the
+    process (the table is TEMP). Not
     a hash of the query itself: rendering it took ~20 ms, paid by every metric that only looks the
     table up."""
     names = ("by_cols", "strat_cols", "sample_index", "seed", "repeats", "cal_num", "cal_den")
@@ -917,9 +912,10 @@ def _cached_option_units(
 ) -> str:
     """``base`` and ``units`` of LAC / plain APS read from the mask table and the per-sample facts:
     the mask table already holds every prediction's group, stratum and unit key, so only the scores
-    (``sample_probs``) and, for coverage_by, the reported column (``scored``) are fetched, each by
-    the rowid the mask table holds (``_mask_identity_sql``); ``gkeys`` gives the grouping values of
-    the output (numbered as in the mask's query)."""
+    and, for coverage_by, the reported column are fetched by the rowid the mask table holds
+    (``_mask_identity_sql``): over the store's facts both from ``facts_scored`` in one join
+    (``_coded``), otherwise the scores from ``sample_probs`` and the column from ``scored``;
+    ``gkeys`` gives the grouping values of the output (numbered as in the mask's query)."""
     sample = values["sample_index"]
     by = values["by_cols"]
     if by:
@@ -936,26 +932,25 @@ def _cached_option_units(
     # split groups, materializes and joins an integer, not (often) a string; the summary maps the
     # codes back (``_cov_decode``). The codes are read from a TEMP table (``_cov_keys_table``)
     cov_keys = f"{COV_KEYS} AS (SELECT v, code FROM {_cov_keys_table(con, cov, sample)}),\n" if cov else ""
-    cov_join = (
-        f"\n    JOIN (SELECT f.rowid AS sc_row, ck.code AS {cov} FROM {scored} f JOIN {COV_KEYS} ck "
-        f"ON ck.v IS NOT DISTINCT FROM f.{cov} WHERE f.sample_index = {sample}) sc ON sc.sc_row = t.sc_row"
-        if cov
-        else ""
+    coded = _coded(con)
+    # the scores' relation and the mask table's rowid into it
+    relation, row = (
+        ("main.facts_scored", "sc_row") if coded else (_row_relation(con, "sample_probs"), "sp_row")
     )
-    relation, row = _scores_rows(con)
-    if cov and row == "sc_row":  # the scores and the column from the same rows: one join
-        probs = (
-            f"SELECT f.rowid AS sc_row, f.target_prob IS NOT NULL AS has_target, f.{score}_scores AS ss, "
-            f"f.{score}_target AS st, ck.code AS {cov} FROM {relation} f JOIN {COV_KEYS} ck "
-            f"ON ck.v IS NOT DISTINCT FROM f.{cov} WHERE f.sample_index = {sample}"
-        )
-        cov_join, cov_col = "", f"pr.{cov}"
+    scores = f"target_prob IS NOT NULL AS has_target, f.{score}_scores AS ss, f.{score}_target AS st"
+    code = f"JOIN {COV_KEYS} ck ON ck.v IS NOT DISTINCT FROM f.{cov} WHERE f.sample_index = {sample}"
+    cov_join, cov_col = "", "NULL"
+    if cov and coded:  # the scores and the column from the same rows: one join
+        probs = f"SELECT f.rowid AS sc_row, {scores}, ck.code AS {cov} FROM {relation} f {code}"
+        cov_col = f"pr.{cov}"
     else:
-        probs = (
-            f"SELECT rowid AS {row}, target_prob IS NOT NULL AS has_target, {score}_scores AS ss, "
-            f"{score}_target AS st FROM {relation} WHERE sample_index = {sample}"
-        )
-        cov_col = f"sc.{cov}" if cov else "NULL"
+        probs = f"SELECT f.rowid AS {row}, {scores} FROM {relation} f WHERE f.sample_index = {sample}"
+        if cov:
+            cov_join = (
+                f"\n    JOIN (SELECT f.rowid AS sc_row, ck.code AS {cov} FROM {scored} f {code}) sc "
+                "ON sc.sc_row = t.sc_row"
+            )
+            cov_col = f"sc.{cov}"
     return f"""{gkeys},
 {cov_keys}probs AS (
     {probs}
@@ -1031,17 +1026,14 @@ def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
 def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict) -> str:
     """The query of ``_threshold_table``: the split's thresholds over the mask table's units."""
     sample = values["sample_index"]
-    relation, row = _scores_rows(con)
     words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
     # the split's columns the threshold CTEs do not read are typed constants (they are bound, not run)
     if _coded(con):  # the mask table holds the target scores
         st, join = f"t.{score}_target", ""
     else:
         st = "pr.st"
-        join = (
-            f"    JOIN (SELECT rowid AS {row}, {score}_target AS st FROM "
-            f"{relation} WHERE sample_index = {sample}) pr ON pr.{row} = t.{row}\n"
-        )
+        probs = f"SELECT rowid AS sp_row, {score}_target AS st FROM {_row_relation(con, 'sample_probs')}"
+        join = f"    JOIN ({probs} WHERE sample_index = {sample}) pr ON pr.sp_row = t.sp_row\n"
     units = (
         f"units AS (\n    SELECT t.gid, t.sid, NULL::INTEGER AS cov, NULL::DOUBLE[] AS ss, {st} AS st, "
         f"{words}\n    FROM {mask} t\n{join}"
@@ -1212,9 +1204,11 @@ def _query(
         )
     elif not fixed or score == "sampling":
         mask_ctes = _inline_mask(con, score, values, params)
-        units_m = "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)"
-        if score == "sampling":  # m_top is read by thr_own only (see above)
-            units_m = "SELECT u.*, NULL::BIGINT AS m_top FROM unit_mask u"
+        units_m = (  # m_top is read by thr_own only, which sampling does not use (see above)
+            "SELECT u.*, NULL::BIGINT AS m_top FROM unit_mask u"
+            if score == "sampling"
+            else "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)"
+        )
     else:
         assert con is not None
         table = _option_mask_table(con, values)

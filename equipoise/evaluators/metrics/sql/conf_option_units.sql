@@ -7,8 +7,9 @@
 --         whether the target was unscored.
 -- With fixed base relations (a read-only pass) the connection's shared calibration mask table holds
 -- the same units' identity (gid, sid, run_id, ukey, numbered the same way: conformal.py,
--- `_mask_identity_sql`), and LAC / plain APS then read their units from that table joined to
--- `sample_probs` (conformal.py, `_cached_option_units`) instead.
+-- `_mask_identity_sql`), and LAC / plain APS then read their units from that table joined by rowid
+-- to their scores (`facts_scored` over the store's facts, else `sample_probs`: conformal.py,
+-- `_cached_option_units`) instead.
 -- Per unit, not per option row: the scores are one list per run x item, every option's score a list
 -- operation on the item's probabilities sorted ascending (no window over option rows, no join of
 -- option rows to items). This query groups `option_probs` itself, with the formulas of the

@@ -4,9 +4,11 @@
 -- which is unique in sample_probs).
 -- It also carries the conformal LAC / APS scores of the sample (lac_scores, lac_target, aps_scores,
 -- aps_target), so that with facts the conformal option metrics read a unit's scores from the row
--- they already point at (conformal.py, `_scores_rows`) instead of joining sample_probs on the key.
+-- they already point at (conformal.py, `_cached_option_units`) instead of joining sample_probs on
+-- the key.
 -- Why a relation of its own: with the store's facts current it is the fact table facts_scored
--- itself, which holds these four columns (written once per store, facts.py), so cal_samples reads
+-- itself, which holds these eight columns and the integer item_code (written once per store,
+-- facts.py), so cal_samples reads
 -- them without joining every prediction to sample_probs on a key of two strings (at 1M
 -- predictions that hash join was most of the time of filling the calibration caches). Without
 -- facts it is this join, as a view.
