@@ -234,12 +234,7 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
     them (the runs' old rows are already deleted). The per-item uncertainty scores read the fact
     rows just written, not the joins again (less memory at 10M)."""
     from equipoise.evaluators.metrics.conformal import sampling_pools_sql
-    from equipoise.evaluators.metrics.registry import (
-        ITEM_CODE,
-        SCORED_PROBS_COLUMNS,
-        sample_probs_sql,
-        scored_probs_sql,
-    )
+    from equipoise.evaluators.metrics.registry import FACT_ONLY_COLUMNS, sample_probs_sql, scored_probs_sql
     from equipoise.evaluators.metrics.uncertainty import fact_scores_sql
 
     where = "" if todo is None else f" WHERE {todo}"
@@ -267,10 +262,9 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
             f"CREATE OR REPLACE TEMP VIEW sample_probs AS SELECT * FROM main.facts_sample_probs{where}"
         )
         fill("facts_scored", _item_codes_sql(scored_probs_sql()))
-        fact_only = ", ".join([*SCORED_PROBS_COLUMNS, ITEM_CODE])
         con.execute(
             f"""CREATE OR REPLACE TEMP VIEW scored AS
-                SELECT * EXCLUDE ({fact_only}) FROM main.facts_scored{where}"""
+                SELECT * EXCLUDE ({", ".join(FACT_ONLY_COLUMNS)}) FROM main.facts_scored{where}"""
         )
         for pool in POOLS:
             fill(f"facts_unc_scores_{pool}", fact_scores_sql(pool))

@@ -185,9 +185,8 @@ def read_facts(con: duckdb.DuckDBPyConnection) -> None:
         for r in BASE_RELATIONS
         if r != "scored"
     )
-    fact_only = ", ".join([*SCORED_PROBS_COLUMNS, ITEM_CODE])  # and its integer item code
     views += (
-        f"CREATE OR REPLACE TEMP VIEW scored AS SELECT * EXCLUDE ({fact_only}) "
+        f"CREATE OR REPLACE TEMP VIEW scored AS SELECT * EXCLUDE ({', '.join(FACT_ONLY_COLUMNS)}) "
         "FROM main.facts_scored;\n"
         "CREATE OR REPLACE TEMP VIEW scored_probs AS SELECT * FROM main.facts_scored;\n"
     )
@@ -286,6 +285,8 @@ SCORED_PROBS_COLUMNS = (
 # facts_scored's integer code of item_id (facts.py, ``_item_codes_sql``): its rank among the distinct
 # item_id of ``items`` in string order, so conformal's option mask joins and orders units by an integer
 ITEM_CODE = "item_code"
+# the columns of facts_scored that the ``scored`` relation readers see leaves out
+FACT_ONLY_COLUMNS = (*SCORED_PROBS_COLUMNS, ITEM_CODE)
 
 
 def scored_probs_sql() -> str:
