@@ -721,15 +721,15 @@ def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_
         assert key_col != ITEM_CODE
         return _split_keys_sql(values, "SELECT DISTINCT ukey FROM units")
     assert con is not None
-    if key_col == ITEM_CODE:  # keyed by the facts' integer item code (``_coded``)
-        keys = (
-            f"SELECT {ITEM_CODE} AS ukey, any_value(item_id) AS s FROM main.facts_scored GROUP BY {ITEM_CODE}"
-        )
-        coded = _split_keys_sql(values, keys, coded=True)
-        table = cached_table(con, _split_keys_table(values, "code"), coded)
-        return f"SELECT * FROM {table}"
-    keys = f"SELECT DISTINCT {key_col} AS ukey FROM scored"
-    table = cached_table(con, _split_keys_table(values, key_col), _split_keys_sql(values, keys))
+    coded = key_col == ITEM_CODE  # keyed by the facts' integer item code (``_coded``)
+    keys = (
+        f"SELECT {ITEM_CODE} AS ukey, any_value(item_id) AS s FROM main.facts_scored GROUP BY {ITEM_CODE}"
+        if coded
+        else f"SELECT DISTINCT {key_col} AS ukey FROM scored"
+    )
+    table = cached_table(
+        con, _split_keys_table(values, key_col), lambda: _split_keys_sql(values, keys, coded)
+    )
     return f"SELECT * FROM {table}"
 
 
@@ -1170,9 +1170,14 @@ def _query(
     cached = fixed and score in ("lac", "aps") and not _aps_randomized(score, params)
     units = "" if cached else _units_sql(score, values, params, cov, fixed)
     words = "".join(f"mk.m{w}, " for w in range(_words(values["repeats"])))
+    # m_top (the group's size, from group_n) is read only by the split's own threshold CTEs
+    # (thr_own): sampling counts its thresholds per value (``_sampling_thresholds_sql``) and LAC /
+    # plain APS on the shared mask read theirs from a table, so their units carry NULL, no join
+    own_thresholds = score != "sampling" and not cached
+    m_top, m_join = ("g.m", " JOIN group_n g USING (gid)") if own_thresholds else ("NULL::BIGINT", "")
     joined = (
-        "SELECT u.*, {words}g.m AS m_top FROM units u JOIN {table} mk USING (gid, sid, run_id, ukey) "
-        "JOIN group_n g USING (gid)"
+        f"SELECT u.*, {{words}}{m_top} AS m_top FROM units u JOIN {{table}} mk USING (gid, sid, run_id, ukey)"
+        + m_join
     )
     mask_ctes, check, shared = "", "", None
     # sampling scores take few distinct values: their thresholds are counted per value
@@ -1188,11 +1193,9 @@ def _query(
         # check: with the four keys in the join, DuckDB joined the grouping strings instead of gid
         # (through gkeys), which took most of the metric's time
         mask_units = _mask_with_identity(con, shared, values, units_only=True)
-        # no m_top (NULL): only thr_own's heaps read it, and sampling counts its thresholds instead
-        # (``_sampling_thresholds_sql``), so no join to group_n
         units_m = (
-            f"SELECT u.*, {words}u.gid = mk.gid AND u.sid = mk.sid AS same_gs, NULL::BIGINT AS m_top "
-            f"FROM units u JOIN {mask_units} mk ON mk.run_id = u.run_id AND mk.ukey = u.ukey"
+            f"SELECT u.*, {words}u.gid = mk.gid AND u.sid = mk.sid AS same_gs, {m_top} AS m_top "
+            f"FROM units u JOIN {mask_units} mk ON mk.run_id = u.run_id AND mk.ukey = u.ukey{m_join}"
         )
         # the pools counted from `strata` (the split's count of `units` per group and stratum), not by
         # another scan of the pools
@@ -1204,11 +1207,7 @@ def _query(
         )
     elif not fixed or score == "sampling":
         mask_ctes = _inline_mask(con, score, values, params)
-        units_m = (  # m_top is read by thr_own only, which sampling does not use (see above)
-            "SELECT u.*, NULL::BIGINT AS m_top FROM unit_mask u"
-            if score == "sampling"
-            else "SELECT u.*, g.m AS m_top FROM unit_mask u JOIN group_n g USING (gid)"
-        )
+        units_m = f"SELECT u.*, {m_top} AS m_top FROM unit_mask u{m_join}"
     else:
         assert con is not None
         table = _option_mask_table(con, values)
@@ -1217,9 +1216,9 @@ def _query(
         else:
             units = _cached_option_units(con, table, score, values, cov)
             # the thresholds from the connection's shared table (computed there if missing): the
-            # split's own threshold CTEs are then not referenced, and units_m needs no m_top
+            # split's own threshold CTEs are then not referenced
             thr_q_sql = f"SELECT * FROM {_threshold_table(con, table, score, values)}"
-            units_m = "SELECT u.*, NULL::BIGINT AS m_top FROM units u"
+            units_m = f"SELECT u.*, {m_top} AS m_top FROM units u{m_join}"
             prefix = _test_rep_prefix(table, score, values)
             if cov is not None:  # coverage_by: its per-value test sums, kept for LAC / APS
                 kept_test_rep = f"{prefix}_{cov}"
