@@ -845,14 +845,13 @@ def _summary_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict
     so the scales stay a CTE of the query (``_exact_mean``)."""
     cols = _columns(params, "scores", SCORE_COLUMNS)
     source = _scores_source(con, by, params)
-    # the scores' types, from the relation the metric reads (DESCRIBE binds it, computes nothing)
-    described = con.execute(f"DESCRIBE {source}").fetchall()
-    types = {str(r[0]): str(r[1]) for r in described}
     literal = _literal_means(con, source, cols) if _materialized(con) else None
     if literal is not None:
         means = literal
         scale_cte, scale_join = "", ""
     else:
+        # the scores' types, from the relation the metric reads (DESCRIBE binds it, computes nothing)
+        types = {str(r[0]): str(r[1]) for r in con.execute(f"DESCRIBE {source}").fetchall()}
         exact = [_exact_mean(c, integer=types.get(c) in _INTEGER_TYPES) for c in cols]
         means = [m for _, m in exact]
         scale_cte = ",\nscale AS (\n    SELECT " + ", ".join(sc for sc, _ in exact) + " FROM sc\n)"
