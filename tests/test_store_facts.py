@@ -600,9 +600,20 @@ def _metrics_on_unc_scores(path: Path) -> tuple[dict[str, pd.DataFrame], bool]:
         con.close()
 
 
+@pytest.fixture(scope="module")
+def fact_store(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of ``store`` with its facts written, for the tests that only read them."""
+    path = tmp_path_factory.mktemp("facts_written") / "f.duckdb"
+    path.write_bytes(store.read_bytes())
+    con = connect(path)
+    assert facts.refresh(con)
+    con.close()
+    return path
+
+
 @pytest.mark.parametrize("by", (None, ("suite", "variant"), ("specialty", "k")))
 def test_combiner_rows_ordered_in_numpy_equal_the_rows_sorted_by_duckdb(
-    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, by: tuple[str, ...] | None
+    fact_store: Path, monkeypatch: pytest.MonkeyPatch, by: tuple[str, ...] | None
 ) -> None:
     """Over the write-time fact, unc_combiners' fitting rows come from DuckDB unsorted with one
     integer key and numpy orders them (uncertainty._features_with_gid): the same rows in the same
@@ -610,13 +621,8 @@ def test_combiner_rows_ordered_in_numpy_equal_the_rows_sorted_by_duckdb(
     choice), so the fits, predictions and test AUROCs are the same bits."""
     from equipoise.evaluators.metrics import uncertainty
 
-    path = tmp_path / "s.duckdb"
-    path.write_bytes(store.read_bytes())
-    con = connect(path)
-    facts.refresh(con)
-    con.close()
     _load_all()
-    con = connect(path, read_only=True)
+    con = connect(fact_store, read_only=True)
     try:
         prepare(con, materialize=True)
         assert uses_facts(con)
@@ -635,25 +641,20 @@ def test_combiner_rows_ordered_in_numpy_equal_the_rows_sorted_by_duckdb(
     pd.testing.assert_frame_equal(got_metric, want_metric, check_exact=True)
 
 
-def test_item_code_is_the_rank_of_item_id_among_the_items_and_readers_never_see_it(
-    store: Path, tmp_path: Path
-) -> None:
+def test_item_code_is_the_rank_of_item_id_among_the_items_and_readers_never_see_it(fact_store: Path) -> None:
     """facts_scored's item_code (conformal's integer unit key) is the 1-based rank of its item_id
     among the distinct item_id of ``items`` in string order, checked against Python's sort; the
     ``scored`` relation a pass reads leaves it (and the conformal score columns) out."""
     from equipoise.evaluators.metrics.registry import ITEM_CODE, SCORED_PROBS_COLUMNS
 
-    path = tmp_path / "s.duckdb"
-    path.write_bytes(store.read_bytes())
-    con = connect(path)
-    facts.refresh(con)
+    con = connect(fact_store, read_only=True)
     items = {r[0] for r in con.execute("SELECT item_id FROM items").fetchall()}
     ids = sorted(items, key=lambda s: s.encode())  # DuckDB compares strings bytewise
     want = {item: i + 1 for i, item in enumerate(ids)}
     rows = con.execute(f"SELECT item_id, {ITEM_CODE} FROM facts_scored").fetchall()
     con.close()
     assert rows and all(code == want[item] for item, code in rows)
-    ro = connect(path, read_only=True)
+    ro = connect(fact_store, read_only=True)
     prepare(ro, materialize=True)
     assert uses_facts(ro)
     cols = {r[0] for r in ro.execute("DESCRIBE scored").fetchall()}
