@@ -62,9 +62,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from procstats import cpu_s, peak_mib
-
-from equipoise.evaluators.procfs import status_kib
+from procstats import cpu_s, peak_mib, status_kib
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
