@@ -53,6 +53,21 @@ def one_thread_and_forced_parallel(store: Path, fn):
     return got[0], got[1]
 
 
+def with_facts(store: Path, path: Path) -> Path:
+    """A copy of ``store`` at ``path`` with its write-time facts written (``facts.refresh``), for
+    module fixtures whose tests only read them."""
+    from equipoise.evaluators.metrics import facts
+    from equipoise.evaluators.store import connect
+
+    path.write_bytes(store.read_bytes())
+    con = connect(path)
+    try:
+        assert facts.refresh(con)
+    finally:
+        con.close()
+    return path
+
+
 def random_value(inp, rng: random.Random):
     from tests.bruteforce import full_grid
 

@@ -19,6 +19,7 @@ from equipoise.evaluators.metrics import compute, conformal, facts
 from equipoise.evaluators.metrics.registry import REGISTRY, prepare, uses_facts
 from equipoise.evaluators.store import connect
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from tests.conftest import with_facts
 
 NUM = "CAST(split_part(split_part(item_id, ':', 1), '-', 2) AS INTEGER)"
 UNIT_COLS = "gid, sid, run_id, ukey, cov, m, m_option, hit, target_option_id, mv_correct, ss, st"
@@ -57,12 +58,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def fact_store(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("pools_facts") / "f.duckdb"
-    path.write_bytes(store.read_bytes())
-    con = connect(path)
-    assert facts.refresh(con)
-    con.close()
-    return path
+    return with_facts(store, tmp_path_factory.mktemp("pools_facts") / "f.duckdb")
 
 
 def _frame(con: duckdb.DuckDBPyConnection, sql: str) -> pd.DataFrame:

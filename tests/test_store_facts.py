@@ -21,7 +21,7 @@ from equipoise.evaluators.metrics.registry import (
 )
 from equipoise.evaluators.store import connect
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
-from tests.conftest import one_thread_and_forced_parallel
+from tests.conftest import one_thread_and_forced_parallel, with_facts
 
 BYS: tuple[tuple[str, ...] | None, ...] = (None, ("suite", "variant"), ("specialty", "k"))
 
@@ -603,12 +603,7 @@ def _metrics_on_unc_scores(path: Path) -> tuple[dict[str, pd.DataFrame], bool]:
 @pytest.fixture(scope="module")
 def fact_store(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of ``store`` with its facts written, for the tests that only read them."""
-    path = tmp_path_factory.mktemp("facts_written") / "f.duckdb"
-    path.write_bytes(store.read_bytes())
-    con = connect(path)
-    assert facts.refresh(con)
-    con.close()
-    return path
+    return with_facts(store, tmp_path_factory.mktemp("facts_written") / "f.duckdb")
 
 
 @pytest.mark.parametrize("by", (None, ("suite", "variant"), ("specialty", "k")))
