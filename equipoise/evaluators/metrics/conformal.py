@@ -483,7 +483,34 @@ def _prepare_pools(con: duckdb.DuckDBPyConnection, score: str, params: dict) -> 
         cached_table(con, POOLS_RELATION, sampling_pools_sql())
 
 
-def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_facts: bool = False) -> str:
+def _pools_coded(con: duckdb.DuckDBPyConnection | None, score: str, params: dict) -> bool:
+    """Whether the units are pools 'item' read from the store's facts (``_prepare_pools``), whose
+    rows carry the integer item code (``registry.ITEM_CODE``, facts.py). Such pools are keyed by
+    (run_id, code), not by the item_id string: they join the shared option mask table by it
+    (``_pool_mask_units``), and their inline mask reads the split keys of the codes, the table the
+    option mask over the facts reads (``_split_keys_source``), so md5 runs once per item in a pass,
+    not once for the option units and again for the pools. The code has the item_id's string
+    order, so the split (ordered by (h, item_id, run_id)) is the same."""
+    return _fixed(con) and _pooled(score, params) and con is not None and _coded(con)
+
+
+def _pool_mask_units(con: duckdb.DuckDBPyConnection, table: str, values: dict) -> str:
+    """The units of the shared option mask table ``table`` with each row's run_id and integer item
+    code, fetched from ``facts_scored`` by the table's rowid ``sc_row`` (``_mask_identity_sql``): what
+    coded pools (``_pools_coded``) join, by (run_id, code) instead of the two strings."""
+    sample = values["sample_index"]
+    return (
+        f"(SELECT mk.*, sc.run_id, sc.{ITEM_CODE} FROM {table} mk JOIN (SELECT rowid AS sc_row, run_id, "
+        f"{ITEM_CODE} FROM main.facts_scored WHERE sample_index = {sample}) sc USING (sc_row) "
+        "WHERE mk.m0 IS NOT NULL)"
+    )
+
+
+def _units_sql(
+    score: str, values: dict, params: dict, cov: str | None, from_facts: bool = False, coded: bool = False
+) -> str:
+    """The CTEs ending in ``units`` of a metric's own query; ``coded`` (pool 'item' over the store's
+    facts, ``_pools_coded``): the pooled units also carry the pool's integer item code."""
     cov_expr = f"sc.{cov}" if cov else "NULL"
     # only the columns the units need (not sc.*: ~40 columns, raw_output included, which at 10M
     # predictions is what ran out of memory)
@@ -500,7 +527,8 @@ def _units_sql(score: str, values: dict, params: dict, cov: str | None, from_fac
             return _render(
                 "conf_sampling_units_pooled.sql",
                 cov_expr=cov_expr,
-                unit_cols=", ".join(dict.fromkeys([*keep, *_POOL_FACTS])),
+                unit_cols=", ".join(dict.fromkeys([*keep, *_POOL_FACTS, *([ITEM_CODE] if coded else [])])),
+                code_cols=f", {ITEM_CODE}" if coded else "",
                 id_ctes=_ids_sql("sc_all", values),
                 **ids,
                 **values,
@@ -1168,7 +1196,8 @@ def _query(
     # (``_cached_option_units``, below); every other query renders its own units (which also
     # validates the score and the pool before their columns are used)
     cached = fixed and score in ("lac", "aps") and not _aps_randomized(score, params)
-    units = "" if cached else _units_sql(score, values, params, cov, fixed)
+    coded_pools = _pools_coded(con, score, params)
+    units = "" if cached else _units_sql(score, values, params, cov, fixed, coded_pools)
     words = "".join(f"mk.m{w}, " for w in range(_words(values["repeats"])))
     # m_top (the group's size, from group_n) is read only by the split's own threshold CTEs
     # (thr_own): sampling counts its thresholds per value (``_sampling_thresholds_sql``) and LAC /
@@ -1192,10 +1221,13 @@ def _query(
         # joined on (run_id, ukey) alone, each pool's (gid, sid) compared with its mask unit's in the
         # check: with the four keys in the join, DuckDB joined the grouping strings instead of gid
         # (through gkeys), which took most of the metric's time
-        mask_units = _mask_with_identity(con, shared, values, units_only=True)
+        if coded_pools:  # joined by (run_id, item code): integers for the item, not strings
+            mask_units, on = _pool_mask_units(con, shared, values), f"mk.{ITEM_CODE} = u.{ITEM_CODE}"
+        else:
+            mask_units, on = _mask_with_identity(con, shared, values, units_only=True), "mk.ukey = u.ukey"
         units_m = (
             f"SELECT u.*, {words}u.gid = mk.gid AND u.sid = mk.sid AS same_gs, {m_top} AS m_top "
-            f"FROM units u JOIN {mask_units} mk ON mk.run_id = u.run_id AND mk.ukey = u.ukey{m_join}"
+            f"FROM units u JOIN {mask_units} mk ON mk.run_id = u.run_id AND {on}{m_join}"
         )
         # the pools counted from `strata` (the split's count of `units` per group and stratum), not by
         # another scan of the pools
@@ -1206,7 +1238,11 @@ def _query(
             "    FROM (SELECT coalesce(sum(n_stratum), 0) AS n FROM strata)\n),\n"
         )
     elif not fixed or score == "sampling":
-        mask_ctes = _inline_mask(con, score, values, params)
+        if coded_pools:  # the mask keyed by the item code (``_pools_coded``): the same split
+            cols = _SAMPLING_SPLIT_COLS.replace("ukey", f"{ITEM_CODE} AS ukey")
+            mask_ctes = _inline_mask(con, score, values, params, cols, ITEM_CODE)
+        else:
+            mask_ctes = _inline_mask(con, score, values, params)
         units_m = f"SELECT u.*, {m_top} AS m_top FROM unit_mask u{m_join}"
     else:
         assert con is not None

@@ -22,7 +22,7 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
 - ``facts_sampling_pools``    = per run x item, the pool of its samples that conformal_sampling
   scores with pool 'item' (``sql/sampling_pools.sql``: sample counts, target, hit, majority vote and
   every option's sampling score), so that the metric reads one row per pool instead of grouping
-  every sample.
+  every sample, and ``item_code`` (as in ``facts_scored``: the pools join the option mask by it).
 
 Every fact row belongs to one run and depends only on that run's rows (its ``runs`` row, its
 predictions and option scores) and on the shared tables (``datasets``, ``items``, ``options``):
@@ -92,8 +92,10 @@ REFRESH_MEMORY_LIMIT = 2 * 2**30
 # score lists are then stored twice: facts_sample_probs keeps its copy, which no reader of the facts
 # uses (the conformal metrics read facts_scored), about a tenth of the store at 1M predictions (745
 # -> 823 MiB). Dropping it needs each batch's sample_probs held once (a TEMP table) to fill both
-# tables, which was not built nor measured at 10M yet
-FACTS_FORMAT = 5
+# tables, which was not built nor measured at 10M yet; 6: facts_sampling_pools holds the integer
+# item code too (conformal_sampling joins its pools to the option mask by run_id and that code, not
+# by the item_id string)
+FACTS_FORMAT = 6
 
 
 def _definitions() -> str:
@@ -272,8 +274,8 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
         )
         for pool in POOLS:
             fill(f"facts_unc_scores_{pool}", fact_scores_sql(pool))
-        # per run x item: the sample pools of conformal_sampling (pool 'item')
-        fill("facts_sampling_pools", sampling_pools_sql())
+        # per run x item: the sample pools of conformal_sampling (pool 'item'), with the item code
+        fill("facts_sampling_pools", _item_codes_sql(sampling_pools_sql()))
     finally:
         con.execute(
             """DROP VIEW IF EXISTS scored; DROP VIEW IF EXISTS option_probs; DROP VIEW IF EXISTS sample_probs;
@@ -286,8 +288,9 @@ def _item_codes_sql(query: str) -> str:
     rank of item_id among the distinct item_id of ``items``, in string order.
 
     Why: conformal's option mask (``conformal._coded``) joins every unit to its split hashes by the
-    item and breaks ties by the item's string order; an integer of the same order does both
-    without hashing or comparing the strings. The rank is per item_id string (not per dataset), so
+    item and breaks ties by the item's string order, and conformal_sampling's pools join that mask
+    by (run_id, item); an integer of the same order does both without hashing or comparing the
+    item strings. The rank is per item_id string (not per dataset), so
     the code of an item_id is the same in every run, and it depends only on ``items``, a shared
     table: an incremental refresh (new or changed runs) keeps every code, and a change to
     ``items`` recomputes every fact (``refresh``)."""
