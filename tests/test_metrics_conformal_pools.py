@@ -281,3 +281,28 @@ def test_pools_unlike_the_option_units_fall_back_to_their_own_mask(fact_store: P
     for ok, shared, inline in _shared_mask_runs(fact_store):
         assert not ok
         pd.testing.assert_frame_equal(shared, inline, check_exact=True)
+
+
+def test_pools_over_the_facts_are_keyed_by_the_item_code(fact_store: Path) -> None:
+    """Over the store's facts the pools carry the integer item code (FACTS_FORMAT 6), the same
+    code as facts_scored's, and their inline mask (here: the fallback, these pools are not the
+    option units) reads the split keys of the codes that conformal_lac's mask computed: no second
+    table of md5s keyed by the item_id string. The numbers are the views' (test above)."""
+    con = duckdb.connect(str(fact_store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        assert uses_facts(con)
+        bad = con.execute(
+            f"""SELECT count(*) FROM main.facts_sampling_pools p
+                JOIN (SELECT DISTINCT item_id, {conformal.ITEM_CODE} AS c FROM main.facts_scored) s
+                USING (item_id) WHERE p.{conformal.ITEM_CODE} IS DISTINCT FROM s.c"""
+        ).fetchone()
+        assert bad == (0,)
+        params = {"repeats": 7, "seed": 4}
+        compute(con, "conformal_lac", ["model", "config"], params)
+        compute(con, "conformal_sampling", ["model", "config"], params)
+        tables = set(conformal.temp_tables(con))
+    finally:
+        con.close()
+    assert conformal._split_keys_table({"seed": 4, "repeats": 7}, conformal.ITEM_CODE) in tables
+    assert conformal._split_keys_table({"seed": 4, "repeats": 7}, "item_id") not in tables
