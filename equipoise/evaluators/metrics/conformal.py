@@ -15,6 +15,9 @@ option-shuffled copies of one question); options are matched by ``option_id`` (i
 letter. A pool 'item' is one run x item, so its counts, vote and scores are per-pool write-time facts
 (``sql/sampling_pools.sql``) that a connection with fixed base relations reads, one row per pool,
 instead of grouping every sample (the views, and pool 'base', group the samples in the query).
+Over the store's facts they also carry the integer item code (``_pools_coded``): the pools join the
+option units' mask table (below) by (run_id, code), not by the item_id string, and their own mask
+reads the split keys of the codes that the option mask computed, so md5 runs once per item.
 
 Nonconformity of option y:
 
@@ -1186,7 +1189,8 @@ def _query(
     run_id and item_id of each unit), so where the pools are exactly the option units (every
     prediction of the sample has option scores and every pool one target, as in a store of scored
     MCQ runs) it is the same mask. Whether they are is checked in the same query: every pool joins a
-    mask unit with equal (run_id, item_id), both sides being unique on (run_id, item_id), and equal
+    mask unit with equal (run_id, item_id) (over the facts: equal (run_id, item code), the code a
+    bijection of item_id, see ``_pools_coded``), both sides being unique on that pair, and equal
     (gid, sid) (compared after the join, see below), and the two counts are equal; the result then
     has the column ``_MASK_OK`` (see ``_run_query``, which computes the inline mask instead where it
     is false)."""
