@@ -486,15 +486,16 @@ def _prepare_pools(con: duckdb.DuckDBPyConnection, score: str, params: dict) -> 
         cached_table(con, POOLS_RELATION, sampling_pools_sql())
 
 
-def _pools_coded(con: duckdb.DuckDBPyConnection | None, score: str, params: dict) -> bool:
+def _pools_coded(con: duckdb.DuckDBPyConnection | None, score: str, params: dict, fixed: bool) -> bool:
     """Whether the units are pools 'item' read from the store's facts (``_prepare_pools``), whose
     rows carry the integer item code (``registry.ITEM_CODE``, facts.py). Such pools are keyed by
     (run_id, code), not by the item_id string: they join the shared option mask table by it
     (``_pool_mask_units``), and their inline mask reads the split keys of the codes, the table the
     option mask over the facts reads (``_split_keys_source``), so md5 runs once per item in a pass,
     not once for the option units and again for the pools. The code has the item_id's string
-    order, so the split (ordered by (h, item_id, run_id)) is the same."""
-    return _fixed(con) and _pooled(score, params) and con is not None and _coded(con)
+    order, so the split (ordered by (h, item_id, run_id)) is the same. ``fixed``: ``_fixed(con)``,
+    already looked up by the caller (a catalog query)."""
+    return fixed and _pooled(score, params) and con is not None and _coded(con)
 
 
 def _pool_mask_units(con: duckdb.DuckDBPyConnection, table: str, values: dict) -> str:
@@ -1200,7 +1201,7 @@ def _query(
     # (``_cached_option_units``, below); every other query renders its own units (which also
     # validates the score and the pool before their columns are used)
     cached = fixed and score in ("lac", "aps") and not _aps_randomized(score, params)
-    coded_pools = _pools_coded(con, score, params)
+    coded_pools = _pools_coded(con, score, params, fixed)
     units = "" if cached else _units_sql(score, values, params, cov, fixed, coded_pools)
     words = "".join(f"mk.m{w}, " for w in range(_words(values["repeats"])))
     # m_top (the group's size, from group_n) is read only by the split's own threshold CTEs
