@@ -159,6 +159,7 @@ def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str])
         base_strata="".join(f"b.{c}, " for c in strata),
         base_variant=base,
         perturbed_variant=perturbed,
+        variant_range="BETWEEN '{}' AND '{}'".format(*sorted((base, perturbed))),
         sample_index=sample_index,
         uncertainty_expr=expr,
         uncertainty_doc=doc,
