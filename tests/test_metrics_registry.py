@@ -221,3 +221,45 @@ def test_per_item_dictionary_limit_changes_no_value_read_back(store, tmp_path, m
     assert dictionaries[None] > dictionaries[1]
     for limit in (None, 1):
         assert tables[limit].equals(tables[PER_ITEM_DICTIONARY_LIMIT]), limit
+
+
+def test_prepare_records_what_it_made_so_the_checks_need_not_list_the_catalog(store, tmp_path, monkeypatch):
+    """``_materialized`` and ``uses_facts`` read the variable ``prepare`` / ``read_facts`` set
+    (registry.BASE_RELATIONS_VAR) and list the catalog only where it is unset: after each kind of
+    prepare they answer as the TEMP tables say, without listing them; unprepared, and with the base
+    relations made TEMP tables by hand, they still list them."""
+    from equipoise.evaluators.metrics import facts, registry
+
+    path = tmp_path / "s.duckdb"
+    path.write_bytes(store.read_bytes())
+    con = connect(path)
+    assert facts.refresh(con)
+    con.close()
+    listed = []
+    real = registry.temp_tables
+
+    def counting(c: duckdb.DuckDBPyConnection) -> set[str]:
+        listed.append(1)
+        return real(c)
+
+    monkeypatch.setattr(registry, "temp_tables", counting)
+    for target, materialize, want in ((store, True, "tables"), (path, True, "facts"), (store, False, None)):
+        con = duckdb.connect(str(target), read_only=True)
+        try:
+            prepare(con, materialize=materialize)
+            temps = real(con)
+            del listed[:]
+            assert registry._prepared_as(con) == want
+            assert registry._materialized(con) == (want is not None)
+            assert registry.uses_facts(con) == (registry.FACTS_MARK in temps) == (want == "facts")
+            assert bool(listed) == (want is None)  # listed only where the variable is unset
+        finally:
+            con.close()
+    con = duckdb.connect(str(store), read_only=True)
+    try:
+        for r in registry.BASE_RELATIONS:
+            con.execute(f"CREATE TEMP TABLE {r} AS SELECT 1 AS x")
+        assert registry._prepared_as(con) is None and registry._materialized(con)
+        assert not registry.uses_facts(con)
+    finally:
+        con.close()

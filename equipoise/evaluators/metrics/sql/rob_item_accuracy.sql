@@ -3,9 +3,11 @@
 -- distinct (m, c) pair and how many items have it, ordered by (m, c). Resampling items with
 -- replacement only changes how many items of each kind are drawn (multinomial counts), so the
 -- bootstrap needs these few kinds, never a list of every item. Self-evaluation runs are excluded.
+-- {source} / {item_key}: `scored` and its item_id, or over the store's facts `scored_probs` and the
+-- integer item_code that numbers the same items (robustness._item_key).
 WITH i AS (
-    SELECT {by} run_id AS _run, item_id AS _item, count(*) AS m, sum(correct::INT)::BIGINT AS c
-    FROM scored
+    SELECT {by} run_id AS _run, {item_key} AS _item, count(*) AS m, sum(correct::INT)::BIGINT AS c
+    FROM {source}
     WHERE NOT starts_with(prompt_style, 'self_eval:')
     GROUP BY ALL
 ),
