@@ -979,10 +979,15 @@ def _cached_option_units(
     by = values["by_cols"]
     if by:
         listed = ", ".join(by)
-        gkeys = (
-            f"gkeys AS (SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS gid FROM "
-            f"(SELECT DISTINCT {listed} FROM scored WHERE sample_index = {sample}))"
+        numbered = (
+            f"SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS gid FROM "
+            f"(SELECT DISTINCT {listed} FROM scored WHERE sample_index = {sample})"
         )
+        # a TEMP table per grouping and sample: every metric reading the mask table needs the same
+        # numbering, which took a scan and a grouping of the sample's rows by the strings per query
+        key = repr([uses_facts(con), by, sample])
+        name = "_conf_gkeys_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        gkeys = f"gkeys AS (SELECT * FROM {cached_table(con, name, numbered)})"
     else:
         gkeys = "gkeys AS (SELECT 1 AS gid)"
     words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
