@@ -18,8 +18,9 @@ import pytest
 
 from equipoise.evaluators.metrics import compute, conformal
 from equipoise.evaluators.metrics.conformal import _split_hashes_expr, conformal_k
-from equipoise.evaluators.metrics.registry import prepare, temp_tables
+from equipoise.evaluators.metrics.registry import prepare, temp_tables, uses_facts
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from tests.conftest import with_facts
 
 BY = ("model", "config")
 
@@ -857,3 +858,51 @@ def test_coverage_by_codes_are_per_column_and_sample(store):
         assert len(tables) == len(set(runs))
     finally:
         con.close()
+
+
+def test_lac_from_coverage_by_sums_over_the_facts_equals_the_views(store, tmp_path, request):
+    """Over the store's facts, conformal_lac after coverage_by reads its thresholds and test sums
+    from the connection's tables and counts n_target_unscored from the flags of the shared mask
+    table (no score lists joined): every frame equals the plain views', the edge store's unscored
+    targets included."""
+    facts_path = with_facts(store, tmp_path / "f.duckdb")
+    con = duckdb.connect(str(facts_path), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        assert uses_facts(con)
+        for name in ("conformal_aps", "conformal_coverage_by", "conformal_lac"):
+            shared = compute(con, name, list(BY), {"seed": 4, "repeats": 9})
+            inline = _compute(store, name, BY, seed=4, repeats=9)
+            assert len(shared) > 0
+            pd.testing.assert_frame_equal(shared, inline, check_exact=True)
+        assert any(t.startswith("_conf_trep_") for t in temp_tables(con))  # LAC read the kept sums
+        edges = request.node.callspec.params["store"][1]
+        assert (shared["n_target_unscored"].sum() > 0) == edges
+    finally:
+        con.close()
+
+
+def test_unreferenced_ctes_are_dropped_and_the_rest_kept_verbatim():
+    """``conformal._referenced_ctes`` keeps the CTEs the final statement reaches (through other CTEs),
+    in order and with their comments, and reads names and parentheses from code only: a name in a
+    comment or string literal is no reference, a parenthesis there does not end a CTE."""
+    sql = (
+        "WITH a AS (SELECT 1 AS x),\n"
+        "-- b: never read (\n"
+        "b AS (SELECT x FROM a WHERE 'c)' <> 'd'),\n"
+        "-- c reads a\n"
+        "c AS MATERIALIZED (SELECT x + 1 AS x FROM a),\n"
+        "d AS (SELECT 'b' AS s, x FROM c)\n"
+        "SELECT s, x FROM d -- not b\n"
+    )
+    got = conformal._referenced_ctes(sql)
+    assert got == (
+        "WITH a AS (SELECT 1 AS x),\n"
+        "-- c reads a\n"
+        "c AS MATERIALIZED (SELECT x + 1 AS x FROM a),\n"
+        "d AS (SELECT 'b' AS s, x FROM c)\n"
+        "SELECT s, x FROM d -- not b\n"
+    )
+    con = duckdb.connect()
+    assert con.execute(got).fetchall() == con.execute(sql).fetchall() == [("b", 2)]
+    assert conformal._referenced_ctes("SELECT 1") == "SELECT 1"

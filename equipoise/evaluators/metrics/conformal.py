@@ -103,6 +103,7 @@ over the test units. ``conformal_coverage_by`` reports test coverage per value o
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -257,6 +258,61 @@ def _stratify(params: dict) -> list[str]:
     cols = params["stratify"]
     cols = [] if cols is None else [cols] if isinstance(cols, str) else list(cols)  # type: ignore[arg-type]
     return [_column(c, "stratify") for c in cols]
+
+
+# a CTE's head in the composed queries: its name at the start of a line (every fragment writes them
+# so) or right after the query's WITH
+_CTE_HEAD = re.compile(r"(?:^|(?<=\AWITH ))(\w+) AS (?:NOT MATERIALIZED |MATERIALIZED )?\(", re.MULTILINE)
+# what is not code: a comment to the end of its line, or a string literal
+_NOT_CODE = re.compile(r"--[^\n]*|'(?:[^']|'')*'")
+
+
+def _referenced_ctes(sql: str) -> str:
+    """``sql`` (WITH, CTEs, the final statement) without the CTEs that nothing it runs refers to.
+
+    Why: a conformal query is composed of whole fragments (units, mask, split, summary), and a
+    metric that reads its thresholds or test sums from the connection's tables leaves most of the
+    split's CTEs unreferenced. DuckDB never runs those, but it parses every one of them: at 1M
+    predictions that was 5-15 ms of each query's planning (20 repeats write one expression per
+    repeat in most of them), about 0.06 CPU s over conformal_aps, coverage_by and conformal_lac.
+    The result is the same query: the kept CTEs are the text of the originals, in their order, with
+    the comments before each. Parentheses and names are read from the code alone (comments and
+    string literals blanked); a name is a reference wherever it appears as a word, so a CTE is kept
+    rather than dropped when in doubt."""
+    code = _NOT_CODE.sub(lambda m: " " * len(m.group()), sql)
+    if not code.startswith("WITH "):
+        return sql
+    ctes: list[tuple[str, int, int, int]] = []  # name, start of its text, end of its head, end
+    start = len("WITH ")
+    for head in _CTE_HEAD.finditer(code):
+        if head.start() < start:  # a head inside the previous CTE's body
+            continue
+        depth, pos = 0, head.end() - 1
+        for pos in range(head.end() - 1, len(code)):
+            depth += {"(": 1, ")": -1}.get(code[pos], 0)
+            if depth == 0:
+                break
+        else:
+            return sql  # unbalanced: leave the query to DuckDB's parser as it is
+        ctes.append((head.group(1), start, head.end(), pos + 1))
+        start = pos + 1
+    if not ctes:
+        return sql
+    names = {name for name, *_ in ctes}
+
+    def refs(text: str) -> set[str]:
+        return names & set(re.findall(r"\w+", text))
+
+    body = {name: code[h:e] for name, _, h, e in ctes}
+    final = start
+    wanted, todo = set(), refs(code[final:])
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo |= refs(body[name]) - wanted
+    kept = [sql[s:e].lstrip().removeprefix(",").lstrip("\n") for name, s, _, e in ctes if name in wanted]
+    return "WITH " + ",\n".join(kept) + "\n" + sql[final:].lstrip().removeprefix(",").lstrip()
 
 
 def _render(name: str, **values: object) -> str:
@@ -839,7 +895,7 @@ def _mask_identity_sql(con: duckdb.DuckDBPyConnection, values: dict) -> str:
         # (no sp_row: the metrics fetch the score lists from facts_scored by sc_row; the target
         # scores, all the thresholds read, ride along into the mask table, read in the same scan)
         return f"""sc0 AS NOT MATERIALIZED (  -- each consumer rescans the few columns it reads
-    SELECT rowid AS sc_row, {keep}, {ITEM_CODE}, n_scored IS NOT NULL AS has_probs, {_TARGETS}
+    SELECT rowid AS sc_row, {keep}, {ITEM_CODE}, n_scored IS NOT NULL AS has_probs, {_TARGET_EXPRS}
     FROM main.facts_scored WHERE sample_index = {sample}
 ),
 {_ids_sql("sc0", values)}
@@ -905,8 +961,11 @@ def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     )
 
 
-# the target scores the option mask table carries where it is built from the facts (``_coded``)
-_TARGETS = "lac_target, aps_target"
+# what the option mask table carries of each unit's target where it is built from the facts
+# (``_coded``): its scores, which the thresholds read, and whether the backend scored it, which is
+# all conformal_lac reads of its units when it adds up coverage_by's test sums (``_query``)
+_TARGETS = "lac_target, aps_target, has_target"
+_TARGET_EXPRS = "lac_target, aps_target, target_prob IS NOT NULL AS has_target"
 
 
 def _coded(con: duckdb.DuckDBPyConnection) -> bool:
@@ -952,10 +1011,15 @@ def _cached_option_units(
     by = values["by_cols"]
     if by:
         listed = ", ".join(by)
-        gkeys = (
-            f"gkeys AS (SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS gid FROM "
-            f"(SELECT DISTINCT {listed} FROM scored WHERE sample_index = {sample}))"
+        numbered = (
+            f"SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS gid FROM "
+            f"(SELECT DISTINCT {listed} FROM scored WHERE sample_index = {sample})"
         )
+        # a TEMP table per grouping and sample: every metric reading the mask table needs the same
+        # numbering, which took a scan and a grouping of the sample's rows by the strings per query
+        key = repr([uses_facts(con), by, sample])
+        name = "_conf_gkeys_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+        gkeys = f"gkeys AS (SELECT * FROM {cached_table(con, name, numbered)})"
     else:
         gkeys = "gkeys AS (SELECT 1 AS gid)"
     words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
@@ -1079,7 +1143,7 @@ def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
         **values,
         **_split_extra(score, values["repeats"]),
     )
-    return f"WITH {units},\n{split}\nSELECT * FROM {_OWN_THRESHOLDS}"
+    return _referenced_ctes(f"WITH {units},\n{split}\nSELECT * FROM {_OWN_THRESHOLDS}")
 
 
 def _sampling_thresholds_sql(repeats: int) -> str:
@@ -1219,6 +1283,7 @@ def _query(
     if score == "sampling":
         thr_q_sql = _sampling_thresholds_sql(values["repeats"])
     test_rep_sql, kept_test_rep = f"SELECT * FROM {_OWN_TEST_REP}", None
+    target_units = "units"  # what the option summary counts n_target_unscored from
     if share_mask and fixed and _pooled(score, params):
         assert con is not None
         shared = _existing_option_mask(con, values)
@@ -1271,6 +1336,12 @@ def _query(
                         "SELECT gid, NULL AS cov, rep, sum(n)::BIGINT AS n, sum(sz)::BIGINT AS sz, "
                         f"sum(cv)::BIGINT AS cv, sum(em)::BIGINT AS em FROM {found[0]} GROUP BY gid, rep"
                     )
+                    if _coded(con):
+                        # the units' thresholds and test sums are read from tables: the flags the
+                        # mask table holds give n_target_unscored without joining the score lists
+                        # (where the units feed the test sums too, this measured slower: not there)
+                        flags = f"SELECT gid, NOT has_target AS target_unscored FROM {table}"
+                        target_units = f"({flags} WHERE m0 IS NOT NULL)"
 
     def split_with(test_rep: str) -> str:
         return _render(
@@ -1285,7 +1356,11 @@ def _query(
     split = split_with(test_rep_sql)
     if kept_test_rep is not None:
         own = f"SELECT * FROM {_OWN_TEST_REP}"
-        cached_table(con, kept_test_rep, lambda: f"WITH {units},\n{mask_ctes}{split_with(own)}\n{own}")
+
+        def kept_query() -> str:  # rendered only when the table is missing
+            return _referenced_ctes(f"WITH {units},\n{mask_ctes}{split_with(own)}\n{own}")
+
+        cached_table(con, kept_test_rep, kept_query)
     check_col = ""
     if shared is not None:
         ok = "(SELECT ok FROM mask_check)"
@@ -1294,11 +1369,12 @@ def _query(
     rendered = _render(
         summary,
         mask_check_col=check_col,
+        target_units=target_units,
         **_cov_decode(cached and cov is not None),
         **values,
         **summary_values,
     )
-    return f"WITH {units},\n{mask_ctes}{split},\n{check}{rendered}"
+    return _referenced_ctes(f"WITH {units},\n{mask_ctes}{split},\n{check}{rendered}")
 
 
 def _run_query(

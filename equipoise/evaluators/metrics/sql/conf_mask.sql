@@ -28,6 +28,12 @@
 -- Measured in stop 24 and not kept, none cheaper (figures in benchmarks/RESULTS.md, issue 13, stop
 -- 24): one window_cut per class of strata holding the same unit keys; narrower units with the
 -- hashes joined by an integer key; units_h not materialized; other SplitMix64 forms; narrower windows.
+-- Measured in stop 26 and not kept (1M predictions, one thread, this query ~0.59 CPU s): the words
+-- as one comparison h_r <= ch_r per repeat, the few units tied with the cutoff's hash cleared by a
+-- small join (0.115 -> 0.075 on a materialized units_h alone, no change in this query); the split
+-- hashes fetched from per-repeat lists indexed by the item code (1.15 vs 0.11 for the join); the
+-- window keys as rows of one filtered scan per repeat (0.24 with their sorts, before the counts, vs
+-- 0.24 for window_cut); units_h not materialized, even joined by the integer key (0.75 vs 0.58).
 split_keys AS (  -- the {repeats} split hashes of every distinct unit key (columns h_0, h_1, ...), its rank uk
     {split_keys_sql}
 ),

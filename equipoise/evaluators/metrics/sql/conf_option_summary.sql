@@ -6,8 +6,10 @@ groups AS (
     FROM base
     GROUP BY {gid_by}
 ),
+-- {target_units}: `units`, or where conformal_lac reads every other sum from the connection's tables,
+-- the flags the shared mask table holds (conformal.py, `_query`: then nothing joins the score lists)
 target_unscored AS (
-    SELECT gid, count_if(target_unscored) AS n_target_unscored FROM units GROUP BY gid
+    SELECT gid, count_if(target_unscored) AS n_target_unscored FROM {target_units} GROUP BY gid
 )
 SELECT {g_by} g.n_items::BIGINT AS n_items, (g.n_items - g.n_unscored)::BIGINT AS n_scored,
        g.n_unscored::BIGINT AS n_unscored, coalesce(tu.n_target_unscored, 0)::BIGINT AS n_target_unscored,
