@@ -723,12 +723,31 @@ def _value_counts(long: str, name: str) -> str:
     return text.format(long=long, name=name).strip()
 
 
+def _ranked_continuous(con: duckdb.DuckDBPyConnection, long: str) -> str:
+    """unc_auroc's CTEs that rank the continuous scores' rows ``long`` (_part, _incorrect, _v with
+    undefined = NaN), ending in g_continuous: ``sql/unc_auroc_sorted.sql`` (one plain sort read in
+    its order by window functions with an empty OVER) where a scan keeps insertion order
+    (``scans_in_insertion_order``), else ``sql/unc_auroc_windowed.sql`` (a window partitioned by
+    _part). The same integers either way; the sorted form took about 0.07 CPU s less at 1M
+    predictions with one DuckDB thread (see its comments)."""
+    name = "unc_auroc_sorted.sql" if scans_in_insertion_order(con) else "unc_auroc_windowed.sql"
+    text = (SQL_DIR / name).read_text(encoding="utf-8")
+    return text.format(long_continuous=long).strip()
+
+
 def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> str:
     cols = _columns(params, "scores", UNCERTAINTY_COLUMNS)
     discrete = [k for k, c in enumerate(cols) if c in DISCRETE_COLUMNS]
     continuous = [k for k, c in enumerate(cols) if c not in DISCRETE_COLUMNS]
     source = _scores_source(con, by, params)
     n_groups, literal = _read_groups(con, by, source, len(cols))
+    long_continuous = _long_scores(
+        [cols[k] for k in continuous],
+        continuous,
+        len(cols),
+        part_type=_part_type(n_groups, len(cols)),
+        undefined_nan=True,
+    )
     return _wrapped(
         con,
         "unc_auroc",
@@ -739,13 +758,7 @@ def _auroc_sql(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) 
         value_counts=_value_counts(
             _long_scores([cols[k] for k in discrete], discrete, len(cols)), "g_discrete"
         ),
-        long_continuous=_long_scores(
-            [cols[k] for k in continuous],
-            continuous,
-            len(cols),
-            part_type=_part_type(n_groups, len(cols)),
-            undefined_nan=True,
-        ),
+        ranked=_ranked_continuous(con, long_continuous),
         score_names=", ".join(sql_literal(c) for c in cols),
         **_group_ids(by, literal),
     )
