@@ -728,8 +728,8 @@ def _ranked_continuous(con: duckdb.DuckDBPyConnection, long: str) -> str:
     undefined = NaN), ending in g_continuous: ``sql/unc_auroc_sorted.sql`` (one plain sort read in
     its order by window functions with an empty OVER) where a scan keeps insertion order
     (``scans_in_insertion_order``), else ``sql/unc_auroc_windowed.sql`` (a window partitioned by
-    _part). The same integers either way; the sorted form took about 0.07 CPU s less at 1M
-    predictions with one DuckDB thread (see its comments)."""
+    _part). The same integers either way; the sorted form took about 0.03-0.05 CPU s less of the
+    query's 0.65-0.70 at 1M predictions with one DuckDB thread (see its comments)."""
     name = "unc_auroc_sorted.sql" if scans_in_insertion_order(con) else "unc_auroc_windowed.sql"
     text = (SQL_DIR / name).read_text(encoding="utf-8")
     return text.format(long_continuous=long).strip()

@@ -25,8 +25,12 @@
 -- windowed ones bit for bit, with one thread and with four and parallelism forced, where a
 -- reordered read would show.
 -- Why: the window partitioned by _part cost more than its own sort (row_number, lag and lead over
--- the partitions), and its rows fed two aggregates (the counts per partition, the tied values):
--- about 0.07 CPU s less at 1M predictions with one DuckDB thread, the same integers.
+-- the partitions), and its rows fed two aggregates (the counts per partition, the tied values).
+-- At 1M predictions with one DuckDB thread (the whole query, min of 5 runs in one process, loaded
+-- machine): 0.675-0.696 -> 0.649-0.658 CPU s, the same integers. Kept in a plain sort on a DOUBLE
+-- key: a 4-byte key sorts in about half the time, but a monotone map of the scores to 32 bits
+-- (FLOAT; a linear or fourth-root scale to UINTEGER) put so many distinct values on one key
+-- (pro: 466k values on 116k-285k keys) that ranking the collisions exactly cost more than it saved.
 ranked AS (
     SELECT _part, _incorrect, _v,
            row_number() OVER ()                                           AS _rn,

@@ -1,8 +1,8 @@
--- unc_auroc's continuous scores ranked by a window partitioned by _part: the CTEs unc_auroc.sql
--- splices in (its ranked CTEs, ending in g_continuous) where the connection does not keep insertion
--- order (preserve_insertion_order off), so the plain sort of unc_auroc_sorted.sql could not be
--- read in order; the same integers as that file. Input: one row per (item, continuous score)
--- with _part, _incorrect and _v (undefined = NaN), uncertainty._long_scores.
+-- unc_auroc's continuous scores ranked by a window partitioned by _part: the CTEs, ending in
+-- g_continuous, that unc_auroc.sql splices in where the connection does not keep insertion order
+-- (preserve_insertion_order off), so the plain sort of unc_auroc_sorted.sql could not be read in
+-- its order; the same integers as that file. Input: one row per (item, continuous score) with
+-- _part, _incorrect and _v (undefined = NaN), uncertainty._long_scores.
 -- An untied value's first and last rank are both its row_number() in the sort; the few tied rows (a
 -- neighbour in the sort order with the same value: lag / lead, in the same sort) are counted per
 -- value, where the first rank is the smallest row_number of the value's rows (whatever order the
