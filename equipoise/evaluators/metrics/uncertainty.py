@@ -827,7 +827,16 @@ def _literal_means(con: duckdb.DuckDBPyConnection, source: str, cols: Sequence[s
     two, computed by the same SQL expression (``_scale_sql``) and written back exactly (``repr``
     of a double round-trips); the aggregates need no finiteness test and no ``avg()`` branch. The
     same bits as the general form; unc_summary's CPU 0.20 -> 0.12 s at 1M predictions with one
-    DuckDB thread. Only where the scores are a table (see ``_summary_sql``)."""
+    DuckDB thread. Only where the scores are a table (see ``_summary_sql``).
+
+    A score of an integer type whose rows times largest |value| stay below 2**53 is summed as it
+    is: ``sum(x)::DOUBLE / count(x)``. The same bits: every |x| and the group's sum are then below
+    2**53, so the scaled form's terms x * scale are exact, their exact integer sum is scale * sum(x)
+    with no more significant bits than sum(x), and its conversion to DOUBLE and the division by the
+    power of two are exact, leaving the one rounding of sum(x) / count(x) both forms make. The casts
+    of every value to DOUBLE and of every scaled product back to BIGINT are work saved: the query
+    took 0.083 -> 0.065-0.066 CPU s at 1M predictions with one DuckDB thread (five count scores;
+    min of 7 runs in one process)."""
     # the largest |value| from the plain max and min of the column, cast after aggregating: the
     # same double as max(abs(CAST(x AS DOUBLE))) (the cast is monotone), and DuckDB answers a bare
     # min / max of a table's column far faster (about 3 ms for all 17 scores at 1M predictions
@@ -838,14 +847,19 @@ def _literal_means(con: duckdb.DuckDBPyConnection, source: str, cols: Sequence[s
     for c in cols:
         items += [f"m__{c}", f"CASE WHEN m__{c} > 0 THEN {_scale_sql(f'm__{c}')} ELSE 1.0 END AS s__{c}"]
     row = con.execute(
-        f"SELECT {', '.join(items)} FROM (SELECT {', '.join(extremes)} FROM ({source}))"
+        f"SELECT {', '.join(items)}, _n FROM (SELECT {', '.join(extremes)}, count(*) AS _n FROM ({source}))"
     ).fetchone()
     assert row is not None
+    n_rows = int(row[-1])
+    types = {str(r[0]): str(r[1]) for r in con.execute(f"DESCRIBE {source}").fetchall()}
     means = []
     for k, c in enumerate(cols):
         largest, scale = row[2 * k], float(row[2 * k + 1])
         if largest is not None and not np.isfinite(largest):
             return None
+        if types.get(c) in _INTEGER_TYPES and (largest is None or n_rows * int(largest) < 2**53):
+            means.append(f"sum({c})::DOUBLE / count({c})")  # exact, see the docstring
+            continue
         s = f"'{scale!r}'::DOUBLE"
         means.append(f"sum((CAST({c} AS DOUBLE) * {s})::BIGINT)::DOUBLE / {s} / count({c})")
     return means
