@@ -1186,3 +1186,96 @@ def test_unc_auroc_ranks_infinities_apart_from_undefined_scores(store, monkeypat
         row = got[()].loc[model]
         assert row.n_undefined == 7 - len(pairs) and row.n == len(pairs) and row.n_incorrect == len(pos)
         assert row.auroc == twice_u / (2 * len(pos) * len(neg))
+
+
+def _auroc_either_way(
+    con: duckdb.DuckDBPyConnection, by: list[str], params: dict, sorted_: bool
+) -> pd.DataFrame:
+    """unc_auroc's frame with its continuous scores ranked by one plain sort read in order
+    (``sorted_``, the path of a connection that keeps insertion order) or by the partitioned window
+    (insertion order switched off for this connection only)."""
+    from equipoise.evaluators.metrics import uncertainty
+
+    if not sorted_:
+        con.execute("SET SESSION preserve_insertion_order = false")
+    sql = uncertainty._auroc_sql(con, by, params)
+    assert ("ORDER BY _part, _v)" in sql) is sorted_
+    return con.execute(sql).df()
+
+
+def test_unc_auroc_sorted_ranks_equal_the_windowed_ranks(store) -> None:
+    """unc_auroc ranks its continuous scores by one plain sort read in its order through window
+    functions with an empty OVER (unc_auroc_sorted.sql) where the connection keeps insertion
+    order, else by a window partitioned by score and group (unc_auroc_windowed.sql). Both give the
+    same frame, bit for bit, for several groupings, over plain views and over fixed relations,
+    with one thread and with four and parallelism forced, where a sort read out of its order would
+    show."""
+    from equipoise.evaluators.metrics.registry import REGISTRY
+
+    params = dict(REGISTRY["unc_auroc"].params)
+
+    def run(by: list[str], materialize: bool, sorted_: bool, con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
+        prepare(con, materialize=materialize)
+        return _auroc_either_way(con, by, params, sorted_)
+
+    for by in (["model"], ["model", "config"], []):
+        for materialize in (False, True):
+            want, _ = one_thread_and_forced_parallel(store, functools.partial(run, by, materialize, False))
+            one, forced = one_thread_and_forced_parallel(store, functools.partial(run, by, materialize, True))
+            assert want.auroc.notna().sum() >= 2
+            pd.testing.assert_frame_equal(one, want, check_exact=True)
+            pd.testing.assert_frame_equal(forced, want, check_exact=True)
+
+
+def test_unc_auroc_sorted_ranks_across_partition_boundaries(store, monkeypatch) -> None:
+    """The sorted ranks run over every (group, score) partition in one sequence, in the order of
+    the scores within a group, so neighbours of the same value meet across partition boundaries:
+    avg_nll's last value (alone) is max_nll's first (tied within max_nll), max_nll's and g_nll's
+    undefined scores meet (g_nll has no defined score), pro holds ties of both classes and
+    infinities and ends in +inf, label_nll's first (alone), and label_nll's last is option_entropy's
+    first (alone in both). Both ways of ranking give the brute-force count over every
+    (incorrect, correct) pair of each score's defined items."""
+    from equipoise.evaluators.metrics import uncertainty
+    from equipoise.evaluators.metrics.registry import REGISTRY
+
+    inf, nan = float("inf"), float("nan")
+    wrong = [1, 0, 1, 1, 0, 1]
+    scores = {
+        "avg_nll": [1.0, 2.0, 2.0, 3.0, 0.5, 2.5],
+        "max_nll": [3.0, 3.0, inf, None, 4.0, 3.5],
+        "g_nll": [None, nan, None, None, nan, None],
+        "pro": [-inf, 0.5, 0.5, inf, inf, 0.5],
+        "label_nll": [inf, 7.0, 8.0, 9.0, 9.5, 10.0],
+        "option_entropy": [10.0, 11.0, 12.0, 13.0, 14.0, 15.0],
+    }
+    assert not set(scores) & set(uncertainty.DISCRETE_COLUMNS)  # every one is ranked
+    rows = ", ".join(
+        "("
+        + ", ".join([*(f"{'NULL' if v is None else repr(str(v))}::DOUBLE" for v in vals), str(not w)])
+        + ")"
+        for *vals, w in zip(*scores.values(), wrong, strict=True)
+    )
+    params = {**REGISTRY["unc_auroc"].params, "scores": list(scores)}
+    got = {}
+    for sorted_ in (True, False):
+        con = duckdb.connect(str(store), read_only=True)
+        try:
+            prepare(con, materialize=True)
+            names = ", ".join(scores)
+            con.execute(f"CREATE TEMP TABLE crafted AS SELECT * FROM (VALUES {rows}) AS t({names}, correct)")
+            monkeypatch.setattr(uncertainty, "_scores_source", lambda *a, **k: "SELECT * FROM crafted")
+            got[sorted_] = _auroc_either_way(con, [], params, sorted_).set_index("score")
+        finally:
+            con.close()
+    pd.testing.assert_frame_equal(got[True], got[False], check_exact=True)
+    for score, values in scores.items():
+        pairs = [(v, w) for v, w in zip(values, wrong, strict=True) if v is not None and v == v]
+        pos = [v for v, w in pairs if w]
+        neg = [v for v, w in pairs if not w]
+        row = got[True].loc[score]
+        assert row.n_undefined == len(values) - len(pairs) and row.n_incorrect == len(pos)
+        if pos and neg:
+            twice_u = sum(2 * (p > q) + (p == q) for p in pos for q in neg)
+            assert row.auroc == twice_u / (2 * len(pos) * len(neg)), score
+        else:
+            assert pd.isna(row.auroc), score

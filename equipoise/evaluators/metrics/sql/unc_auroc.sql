@@ -15,30 +15,26 @@
 --   (group, score, value), and one running sum over those few rows gives the negatives below each
 --   value: 2U = sum over values v of pos(v) * (2 neg(< v) + neg(v)).
 -- * continuous scores (nearly every value distinct, where that aggregate saves
---   few rows and costs a hash table as large as the input): a rank sum from one sort per (group,
---   score) in a single window pass: 2U = sum over positives of (first rank + last rank)
+--   few rows and costs a hash table as large as the input): a rank sum from one sort of all their
+--   rows by (partition, value): 2U = sum over positives of (first rank + last rank)
 --   - n_pos (n_pos + 1), the average rank of a tied value being the mean of its first and last
---   rank. An untied value's first and last rank are both its row_number() in the sort; the few
---   tied rows (a neighbour in the sort order with the same value: lag / lead, in the same sort)
---   are counted per value, where the first rank is the smallest row_number of the value's rows
---   (whatever order the sort left the ties in) and the last = first + (count - 1). That replaces
---   count(*) over a RANGE frame (the last rank of every row: peer boundaries for all 3M rows at 1M
---   predictions), which cost about a sixth more CPU than rank() with lag / lead; row_number()
---   instead of rank() (no peer boundaries at all) was about 0.02-0.05 s less again.
+--   rank. The CTEs that rank them are unc_auroc_sorted.sql's (one plain sort read in order by a
+--   streaming window, where the connection keeps insertion order) or unc_auroc_windowed.sql's (a
+--   window partitioned by score and group), ending in g_continuous; both give the same integers.
 --
 -- Undefined scores (NULL or NaN) sort last, after every defined value, so they shift no defined
 -- value's counts or ranks; they are counted in n_undefined and left out of the sums. Splitting the
 -- scores this way sorts only the continuous half of the rows (about 35% less CPU than ranking every
 -- score at 1M predictions; with a 4-byte partition key instead of 8, about 47% less in all). The
 -- work runs on one integer key per (group, score), _part = _gid * {n_scores} + the score's
--- position (an unsigned integer of 2 or 4 bytes, uncertainty._part_type: the window sorts on it),
+-- position (an unsigned integer of 2 or 4 bytes, uncertainty._part_type: the sort compares it),
 -- not on the group's strings: {groups} numbers the distinct groups (_gid) and {keyed} tags each
 -- item with its _gid (by a join, or where a few groups were read ahead by a CASE over their
--- values, uncertainty._group_ids); the names come back at the end. In the window an undefined
+-- values, uncertainty._group_ids); the names come back at the end. In the sort an undefined
 -- continuous score is NaN, not NULL (uncertainty._long_scores reads a NULL as NaN): DuckDB sorts
 -- NaN after every number, +inf included, so the order is the same, and a sort key that is never
 -- NULL cost about 0.015 s less CPU at 1M predictions. NaN equals NaN in DuckDB,
--- so undefined rows may look tied; every sum below leaves them out by NOT isnan(_v).
+-- so undefined rows may look tied; every sum leaves them out by NOT isnan(_v).
 -- sc and keyed are NOT MATERIALIZED when the scores are a table (the fact or the connection's
 -- cache): each score's SELECT of keyed (uncertainty._long_scores) then scans only its own score,
 -- which cost less than copying every row first (about 9% of this metric's CPU at 1M predictions).
@@ -50,45 +46,7 @@ keyed AS {source_mode} (
 {keyed}
 ),
 {value_counts},
-ranked AS (
-    SELECT _part, _incorrect, _v,
-           row_number() OVER w                            AS _first,
-           coalesce(lag(_v) OVER w = _v OR lead(_v) OVER w = _v, false) AS _tied
-    FROM ({long_continuous})
-    WINDOW w AS (PARTITION BY _part ORDER BY _v ASC)
-),
--- per tied value: its positives times (first + last rank), first = its smallest row_number and
--- last = first + (count - 1)
-ties AS (
-    SELECT _part, sum(_sum) AS _sum
-    FROM (SELECT _part, count(*) FILTER (WHERE _incorrect) * (2 * min(_first) + count(*) - 1) AS _sum
-          FROM ranked
-          WHERE _tied AND NOT isnan(_v)
-          GROUP BY _part, _v)
-    GROUP BY _part
-),
--- per partition: the counts and the untied positives' ranks, as sums of 0/1 and rank columns
--- rather than FILTERed aggregates (four FILTER clauses over all 3M ranked rows cost about 0.02 s
--- more CPU at 1M predictions)
-g_ranked AS (
-    SELECT _part,
-           count(*)::BIGINT                                                  AS n_items,
-           sum(_d)::BIGINT                                                   AS n,
-           sum(_p)::BIGINT                                                   AS n_incorrect,
-           2 * sum(_u) - n_incorrect * (n_incorrect + 1)                     AS _untied_twice_u
-    FROM (SELECT _part, (NOT isnan(_v))::INT AS _d, (_incorrect AND NOT isnan(_v))::INT AS _p,
-                 CASE WHEN _incorrect AND NOT isnan(_v) AND NOT _tied THEN _first ELSE 0 END AS _u
-          FROM ranked)
-    GROUP BY _part
-),
-g_continuous AS (
-    SELECT r._part, r.n_items, r.n, r.n_incorrect,
-           CASE WHEN r.n_incorrect > 0
-                THEN r._untied_twice_u + coalesce(t._sum, 0)
-           END AS _twice_u
-    FROM g_ranked r
-    LEFT JOIN ties t ON t._part = r._part
-),
+{ranked},
 g AS (
     SELECT * FROM g_discrete
     UNION ALL

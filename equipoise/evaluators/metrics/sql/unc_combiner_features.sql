@@ -4,8 +4,12 @@
 -- bounds of the group's training rows (a constant feature scales to 0); _split is the item's md5
 -- split fraction (uncertainty.split_fraction_sql of the split key). Rows with a NULL feature
 -- stay, flagged by complete = false, and are left out of fitting and scoring.
--- The bounds are one grouped aggregate per (group, complete) ({bound_aggregates}: lo__f / hi__f
--- over the training rows), joined back to the rows (NULL group values match, as in GROUP BY);
+-- The bounds are one grouped aggregate of the training rows per (group, complete)
+-- ({bound_aggregates}: lo__f / hi__f), LEFT JOINed back to the rows (NULL group values match, as in
+-- GROUP BY): a (group, complete) pair without training rows gets NULL bounds, as min / max over no
+-- rows give, so its features scale to NULL. Aggregating under a WHERE instead of a FILTER clause
+-- per aggregate over every row (the FILTERs selected the training rows once per aggregate) cost
+-- about 0.02 CPU s less at 1M predictions with one DuckDB thread, the same rows;
 -- _gid numbers the groups in the order of their values, so the caller can split the rows into
 -- groups by an integer. Sorted by (strata, run_id, item_id), which is unique, so the rows of a
 -- group are in (run_id, item_id) order; {select} is every column, or for fitting alone (sorted by
@@ -34,6 +38,7 @@ base AS MATERIALIZED (
 bounds AS (
     SELECT {by} complete, {bound_aggregates}
     FROM base
+    WHERE is_train
     GROUP BY ALL
 ),
 groups AS (
@@ -42,6 +47,6 @@ groups AS (
 ){runs}
 SELECT {select}
 FROM base
-JOIN bounds ON {bounds_on}
+LEFT JOIN bounds ON {bounds_on}
 JOIN {groups_join}
 {order_by}
