@@ -117,13 +117,21 @@ def test_fact_rows_are_one_per_run_and_item_of_scored(store: Path, fact_store: P
             "SELECT count(*) FROM (SELECT DISTINCT run_id, item_id FROM main.facts_scored)"
         ).fetchone()
         rows = con.execute(
-            "SELECT count(*), count(DISTINCT (run_id, item_id)), sum(m) FROM main.facts_sampling_pools"
+            "SELECT count(*), count(DISTINCT (run_id, item_id)), sum(pool_m) FROM main.facts_scored "
+            "WHERE pool_m IS NOT NULL"
         ).fetchone()
         n_samples = con.execute("SELECT count(*) FROM main.facts_scored").fetchone()
+        # each pool sits on its first sample's row (the strata it reports are that row's)
+        not_first = con.execute(
+            """SELECT count(*) FROM main.facts_scored f
+               JOIN (SELECT run_id, item_id, min(sample_index) AS s FROM main.facts_scored GROUP BY ALL) p
+               USING (run_id, item_id)
+               WHERE (f.pool_m IS NOT NULL) <> (f.sample_index = p.s)"""
+        ).fetchone()
     finally:
         con.close()
-    assert rows is not None and n_pools is not None and n_samples is not None
-    assert rows[0] == rows[1] == n_pools[0] and rows[2] == n_samples[0]
+    assert rows is not None and n_pools is not None and n_samples is not None and not_first is not None
+    assert rows[0] == rows[1] == n_pools[0] and rows[2] == n_samples[0] and not_first[0] == 0
 
 
 def _metrics(path: Path, mode: str) -> list[pd.DataFrame]:
@@ -170,8 +178,16 @@ def test_a_store_whose_facts_lack_the_pools_is_not_read_and_refreshes(
     path.write_bytes(fact_store.read_bytes())
     con = connect(path)
     assert facts.current(con) is not None
-    con.execute("DROP TABLE main.facts_sampling_pools")  # facts written before the pools existed
-    assert facts.stored_fingerprint(con) is None and facts.current(con) is None
+    # facts of FACTS_FORMAT 6: the pools in their own table, facts_scored without them, other
+    # definitions (so other fingerprints)
+    con.execute(
+        f"""CREATE TABLE main.facts_sampling_pools AS
+                SELECT * FROM main.facts_scored WHERE pool_m IS NOT NULL;
+            ALTER TABLE main.facts_scored DROP COLUMN pool_ss;
+            UPDATE main.store_meta SET value = 'format 6'
+                WHERE key IN ('{facts.META_KEY}', '{facts.SHARED_KEY}')"""
+    )
+    assert facts.current(con) is None
     con.close()
     con = duckdb.connect(str(path), read_only=True)
     prepare(con, materialize=True)
@@ -179,6 +195,7 @@ def test_a_store_whose_facts_lack_the_pools_is_not_read_and_refreshes(
     con.close()
     con = connect(path)
     assert facts.refresh(con) is True and facts.current(con) is not None
+    assert "facts_sampling_pools" not in facts._main_tables(con)  # dropped: the store does not grow
     con.close()
     assert [len(f) for f in _metrics(path, "facts")] == [len(f) for f in _metrics(fact_store, "facts")]
 
@@ -284,20 +301,14 @@ def test_pools_unlike_the_option_units_fall_back_to_their_own_mask(fact_store: P
 
 
 def test_pools_over_the_facts_are_keyed_by_the_item_code(fact_store: Path) -> None:
-    """Over the store's facts the pools carry the integer item code (FACTS_FORMAT 6), the same
-    code as facts_scored's, and their inline mask (here: the fallback, these pools are not the
+    """Over the store's facts the pools carry the integer item code (they are facts_scored rows,
+    FACTS_FORMAT 7), and their inline mask (here: the fallback, these pools are not the
     option units) reads the split keys of the codes that conformal_lac's mask computed: no second
     table of md5s keyed by the item_id string. The numbers are the views' (test above)."""
     con = duckdb.connect(str(fact_store), read_only=True)
     try:
         prepare(con, materialize=True)
         assert uses_facts(con)
-        bad = con.execute(
-            f"""SELECT count(*) FROM main.facts_sampling_pools p
-                JOIN (SELECT DISTINCT item_id, {conformal.ITEM_CODE} AS c FROM main.facts_scored) s
-                USING (item_id) WHERE p.{conformal.ITEM_CODE} IS DISTINCT FROM s.c"""
-        ).fetchone()
-        assert bad == (0,)
         params = {"repeats": 7, "seed": 4}
         compute(con, "conformal_lac", ["model", "config"], params)
         compute(con, "conformal_sampling", ["model", "config"], params)

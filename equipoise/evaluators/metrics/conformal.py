@@ -15,8 +15,9 @@ option-shuffled copies of one question); options are matched by ``option_id`` (i
 letter. A pool 'item' is one run x item, so its counts, vote and scores are per-pool write-time facts
 (``sql/sampling_pools.sql``) that a connection with fixed base relations reads, one row per pool,
 instead of grouping every sample (the views, and pool 'base', group the samples in the query).
-Over the store's facts they also carry the integer item code (``_pools_coded``): the pools join the
-option units' mask table (below) by (run_id, code), not by the item_id string, and their own mask
+Over the store's facts they are columns of ``facts_scored`` on each pool's first sample row and also
+carry the integer item code and that row's rowid (``_pools_coded``): the pools join the option
+units' mask table (below) by the rowid, as LAC does, not by the item_id string, and their own mask
 reads the split keys of the codes that the option mask computed, so md5 runs once per item.
 
 Nonconformity of option y:
@@ -112,6 +113,7 @@ import pandas as pd
 
 from equipoise.evaluators.metrics.registry import (
     ITEM_CODE,
+    POOL_FACT_COLUMNS,
     SQL_DIR,
     STRATA,
     Metric,
@@ -522,6 +524,21 @@ def sampling_pools_sql() -> str:
     )
 
 
+def pool_facts_sql() -> str:
+    """Per run x item of ``scored``, its pool 'item' (``sql/sampling_pools.sql``) keyed by (run_id,
+    item_id, first_sample), the pool's smallest sample_index, without strata: what facts.py writes
+    onto that sample's row of ``facts_scored`` (``registry.POOL_FACT_COLUMNS``), whose other columns
+    are the strata the pool's row would join from that same sample."""
+    return _render(
+        "sampling_pools.sql",
+        strata="v.first_sample",
+        pool_aggregates=_POOL_AGGREGATES,
+        pool_votes=_POOL_VOTES.format(pools="pools"),
+        item_options=_ITEM_OPTIONS,
+        pool_outcome=_pool_outcome("v", "io.n_options"),
+    )
+
+
 def _pooled(score: str, params: dict) -> bool:
     """Whether the units are sample pools of one run x item (conformal_sampling, pool 'item')."""
     return score == "sampling" and params.get("pool", "item") == "item"
@@ -536,34 +553,30 @@ def _prepare_pools(con: duckdb.DuckDBPyConnection, score: str, params: dict) -> 
     if not _fixed(con) or not _pooled(score, params):
         return
     if uses_facts(con):
-        fact = f"main.facts_{POOLS_RELATION}"
-        con.execute(f"CREATE OR REPLACE TEMP VIEW {POOLS_RELATION} AS SELECT * FROM {fact}")
+        # the pools are the facts_scored rows that carry one (each pool's first sample row, facts.py),
+        # with their rowid sc_row: the key of the shared option mask table (``_query``)
+        cols = dict.fromkeys(["run_id", "item_id", "dataset_id", *CONF_STRATA, ITEM_CODE])
+        pool = ", ".join(f"{c} AS {c[len('pool_') :]}" for c in POOL_FACT_COLUMNS)
+        con.execute(
+            f"""CREATE OR REPLACE TEMP VIEW {POOLS_RELATION} AS
+                SELECT rowid AS sc_row, {", ".join(cols)}, {pool}
+                FROM main.facts_scored WHERE pool_m IS NOT NULL"""
+        )
     else:
         cached_table(con, POOLS_RELATION, sampling_pools_sql())
 
 
 def _pools_coded(con: duckdb.DuckDBPyConnection | None, score: str, params: dict, fixed: bool) -> bool:
     """Whether the units are pools 'item' read from the store's facts (``_prepare_pools``), whose
-    rows carry the integer item code (``registry.ITEM_CODE``, facts.py). Such pools are keyed by
-    (run_id, code), not by the item_id string: they join the shared option mask table by it
-    (``_pool_mask_units``), and their inline mask reads the split keys of the codes, the table the
+    rows carry the integer item code (``registry.ITEM_CODE``, facts.py) and the rowid ``sc_row`` of
+    the pool's row in ``facts_scored``. They join the shared option mask table by that rowid, as
+    LAC's units do (``_query``: the pool's row is its first sample's, the mask's unit row where that
+    is the mask's sample), and their inline mask reads the split keys of the codes, the table the
     option mask over the facts reads (``_split_keys_source``), so md5 runs once per item in a pass,
     not once for the option units and again for the pools. The code has the item_id's string
     order, so the split (ordered by (h, item_id, run_id)) is the same. ``fixed``: ``_fixed(con)``,
     already looked up by the caller (a catalog query)."""
     return fixed and _pooled(score, params) and con is not None and _coded(con)
-
-
-def _pool_mask_units(con: duckdb.DuckDBPyConnection, table: str, values: dict) -> str:
-    """The units of the shared option mask table ``table`` with each row's run_id and integer item
-    code, fetched from ``facts_scored`` by the table's rowid ``sc_row`` (``_mask_identity_sql``): what
-    coded pools (``_pools_coded``) join, by (run_id, code) instead of the two strings."""
-    sample = values["sample_index"]
-    return (
-        f"(SELECT mk.*, sc.run_id, sc.{ITEM_CODE} FROM {table} mk JOIN (SELECT rowid AS sc_row, run_id, "
-        f"{ITEM_CODE} FROM main.facts_scored WHERE sample_index = {sample}) sc USING (sc_row) "
-        "WHERE mk.m0 IS NOT NULL)"
-    )
 
 
 def _units_sql(
@@ -587,8 +600,8 @@ def _units_sql(
             return _render(
                 "conf_sampling_units_pooled.sql",
                 cov_expr=cov_expr,
-                unit_cols=", ".join(dict.fromkeys([*keep, *_POOL_FACTS, *([ITEM_CODE] if coded else [])])),
-                code_cols=f", {ITEM_CODE}" if coded else "",
+                unit_cols=", ".join(dict.fromkeys([*keep, *_POOL_FACTS, *([ITEM_CODE, "sc_row"] * coded)])),
+                code_cols=f", {ITEM_CODE}, sc_row" if coded else "",
                 id_ctes=_ids_sql("sc_all", values),
                 **ids,
                 **values,
@@ -1291,13 +1304,14 @@ def _query(
         # joined on (run_id, ukey) alone, each pool's (gid, sid) compared with its mask unit's in the
         # check: with the four keys in the join, DuckDB joined the grouping strings instead of gid
         # (through gkeys), which took most of the metric's time
-        if coded_pools:  # joined by (run_id, item code): integers for the item, not strings
-            mask_units, on = _pool_mask_units(con, shared, values), f"mk.{ITEM_CODE} = u.{ITEM_CODE}"
+        if coded_pools:  # joined by the rowid of the pool's row in facts_scored (``_prepare_pools``)
+            mask_units, on = f"(SELECT * FROM {shared} WHERE m0 IS NOT NULL)", "mk.sc_row = u.sc_row"
         else:
-            mask_units, on = _mask_with_identity(con, shared, values, units_only=True), "mk.ukey = u.ukey"
+            mask_units = _mask_with_identity(con, shared, values, units_only=True)
+            on = "mk.run_id = u.run_id AND mk.ukey = u.ukey"
         units_m = (
             f"SELECT u.*, {words}u.gid = mk.gid AND u.sid = mk.sid AS same_gs, {m_top} AS m_top "
-            f"FROM units u JOIN {mask_units} mk ON mk.run_id = u.run_id AND {on}{m_join}"
+            f"FROM units u JOIN {mask_units} mk ON {on}{m_join}"
         )
         # the pools counted from `strata` (the split's count of `units` per group and stratum), not by
         # another scan of the pools

@@ -19,10 +19,12 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
   row per sample instead of searching or aggregating ``option_probs``);
 - ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool, and
   each item's md5 split bits and rank in its run (``uncertainty.fact_scores_sql``);
-- ``facts_sampling_pools``    = per run x item, the pool of its samples that conformal_sampling
-  scores with pool 'item' (``sql/sampling_pools.sql``: sample counts, target, hit, majority vote and
-  every option's sampling score), so that the metric reads one row per pool instead of grouping
-  every sample, and ``item_code`` (as in ``facts_scored``: the pools join the option mask by it).
+- on the first sample's row of each run x item in ``facts_scored``, the pool of its samples that
+  conformal_sampling scores with pool 'item' (``conformal.POOL_FACT_COLUMNS``, from
+  ``sql/sampling_pools.sql``: sample counts, target, hit, majority vote and every option's sampling
+  score; NULL on the other rows), so that the metric reads one row per pool instead of grouping
+  every sample, and, that row being the pool's unit of the option mask where the pool has a sample
+  0, joins the mask by the row's rowid as LAC does (``conformal._query``).
 
 Every fact row belongs to one run and depends only on that run's rows (its ``runs`` row, its
 predictions and option scores) and on the shared tables (``datasets``, ``items``, ``options``):
@@ -64,8 +66,9 @@ FACT_TABLES: tuple[str, ...] = (
     "facts_option_probs",
     "facts_sample_probs",
     *(f"facts_unc_scores_{p}" for p in POOLS),
-    "facts_sampling_pools",
 )
+# fact tables of older formats, dropped by a full refresh (7: the pools moved into facts_scored)
+OBSOLETE_TABLES: tuple[str, ...] = ("facts_sampling_pools",)
 META_KEY = "facts_fingerprint"
 # Predictions per batch of a refresh: runs are computed in batches of about this many predictions
 # (whole runs, in (model, run_id) order, see _batches; a larger run is a batch alone). Why:
@@ -94,8 +97,9 @@ REFRESH_MEMORY_LIMIT = 2 * 2**30
 # -> 823 MiB). Dropping it needs each batch's sample_probs held once (a TEMP table) to fill both
 # tables, which was not built nor measured at 10M yet; 6: facts_sampling_pools holds the integer
 # item code too (conformal_sampling joins its pools to the option mask by run_id and that code, not
-# by the item_id string)
-FACTS_FORMAT = 6
+# by the item_id string); 7: the pools of facts_sampling_pools are columns of facts_scored, on each
+# pool's first sample row (that table is dropped), so they join the option mask by rowid
+FACTS_FORMAT = 7
 
 
 def _definitions() -> str:
@@ -108,6 +112,7 @@ def _definitions() -> str:
     files = ("base_views.sql", "sample_probs.sql", "scored_probs.sql", "unc_scores.sql")
     texts += [(SQL_DIR / f).read_text(encoding="utf-8") for f in files]
     texts.append(conformal.sampling_pools_sql())
+    texts.append(conformal.pool_facts_sql())
     return "\x1e".join(texts)
 
 
@@ -239,7 +244,7 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
     the runs the SQL predicate ``todo`` selects: replacing the tables (``create``) or appended to
     them (the runs' old rows are already deleted). The per-item uncertainty scores read the fact
     rows just written, not the joins again (less memory at 10M)."""
-    from equipoise.evaluators.metrics.conformal import sampling_pools_sql
+    from equipoise.evaluators.metrics.conformal import POOL_FACT_COLUMNS, pool_facts_sql
     from equipoise.evaluators.metrics.registry import FACT_ONLY_COLUMNS, sample_probs_sql, scored_probs_sql
     from equipoise.evaluators.metrics.uncertainty import fact_scores_sql
 
@@ -267,18 +272,27 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
         con.execute(
             f"CREATE OR REPLACE TEMP VIEW sample_probs AS SELECT * FROM main.facts_sample_probs{where}"
         )
-        fill("facts_scored", _item_codes_sql(scored_probs_sql()))
+        # per run x item: the sample pools of conformal_sampling (pool 'item'), written onto each
+        # pool's first sample row in the same statement that writes facts_scored (an UPDATE of list
+        # columns would delete and reinsert the rows, moving the rowids the option mask keys by)
+        con.execute(f"CREATE OR REPLACE TEMP TABLE _facts_pools AS {pool_facts_sql()}")
+        pool_cols = ", ".join(f"p.{c[len('pool_') :]} AS {c}" for c in POOL_FACT_COLUMNS)
+        fill(
+            "facts_scored",
+            f"""SELECT q.*, {pool_cols} FROM ({_item_codes_sql(scored_probs_sql())}) q
+                LEFT JOIN _facts_pools p
+                ON p.run_id = q.run_id AND p.item_id = q.item_id AND p.first_sample = q.sample_index""",
+        )
         con.execute(
             f"""CREATE OR REPLACE TEMP VIEW scored AS
                 SELECT * EXCLUDE ({", ".join(FACT_ONLY_COLUMNS)}) FROM main.facts_scored{where}"""
         )
         for pool in POOLS:
             fill(f"facts_unc_scores_{pool}", fact_scores_sql(pool))
-        # per run x item: the sample pools of conformal_sampling (pool 'item'), with the item code
-        fill("facts_sampling_pools", _item_codes_sql(sampling_pools_sql()))
     finally:
         con.execute(
-            """DROP VIEW IF EXISTS scored; DROP VIEW IF EXISTS option_probs; DROP VIEW IF EXISTS sample_probs;
+            """DROP TABLE IF EXISTS _facts_pools;
+               DROP VIEW IF EXISTS scored; DROP VIEW IF EXISTS option_probs; DROP VIEW IF EXISTS sample_probs;
                DROP VIEW IF EXISTS scored_live; DROP VIEW IF EXISTS option_probs_live;"""
         )
 
@@ -339,6 +353,8 @@ def _run_predicate(run_ids: list[str]) -> str:
 def _refresh_all(con: duckdb.DuckDBPyConnection) -> None:
     """Recompute every fact: in one pass when the store has at most one batch of predictions,
     else batch by batch of runs, the first batch creating the tables (``BATCH_PREDICTIONS``)."""
+    for t in OBSOLETE_TABLES:
+        con.execute(f"DROP TABLE IF EXISTS main.{t}")
     batches = _batches(con, "SELECT run_id FROM main.runs")
     if len(batches) <= 1:
         _compute(con, None, create=True)

@@ -211,7 +211,8 @@ def read_facts(con: duckdb.DuckDBPyConnection) -> None:
     views += (
         f"CREATE OR REPLACE TEMP VIEW scored AS SELECT * EXCLUDE ({', '.join(FACT_ONLY_COLUMNS)}) "
         "FROM main.facts_scored;\n"
-        "CREATE OR REPLACE TEMP VIEW scored_probs AS SELECT * FROM main.facts_scored;\n"
+        f"CREATE OR REPLACE TEMP VIEW scored_probs AS SELECT * EXCLUDE ({', '.join(POOL_FACT_COLUMNS)}) "
+        "FROM main.facts_scored;\n"
     )
     con.execute(f"{views}CREATE TEMP TABLE {FACTS_MARK} (x INTEGER);")
     con.execute(f"SET VARIABLE {BASE_RELATIONS_VAR} = 'facts'")
@@ -309,8 +310,14 @@ SCORED_PROBS_COLUMNS = (
 # facts_scored's integer code of item_id (facts.py, ``_item_codes_sql``): its rank among the distinct
 # item_id of ``items`` in string order, so conformal's option mask joins and orders units by an integer
 ITEM_CODE = "item_code"
+# facts_scored's columns of conformal_sampling's pool 'item' (facts.py, ``conformal.pool_facts_sql``):
+# the pool's columns of ``sql/sampling_pools.sql`` with a ``pool_`` prefix, on the pool's first
+# sample row and NULL on the others; neither ``scored`` nor ``scored_probs`` shows them
+POOL_FACT_COLUMNS: tuple[str, ...] = tuple(
+    f"pool_{c}" for c in ("m", "m_option", "n_targets", "target_option_id", "hit", "mv_correct", "ss", "st")
+)
 # the columns of facts_scored that the ``scored`` relation readers see leaves out
-FACT_ONLY_COLUMNS = (*SCORED_PROBS_COLUMNS, ITEM_CODE)
+FACT_ONLY_COLUMNS = (*SCORED_PROBS_COLUMNS, ITEM_CODE, *POOL_FACT_COLUMNS)
 
 
 def scored_probs_sql() -> str:

@@ -5,7 +5,8 @@
 -- the same columns and values: a pool 'item' is one run x item, and its group, stratum and coverage
 -- columns are constant over its samples, so numbering the distinct values of the pools numbers the
 -- same values as numbering those of the samples. {{code_cols}}: over the store's facts, also the
--- pool's integer item code (facts.py), by which the pools join the option mask (conformal.py).
+-- pool's integer item code and the rowid sc_row of its facts_scored row (facts.py), by which the
+-- pools join the option mask (conformal.py).
 -- NOT MATERIALIZED (sc_all, pools, units): each consumer rescans the fixed relation, reading only
 -- its own columns (the group numbering reads the grouping columns, the summary's counts no score
 -- list), instead of one materialized copy of every wide pool row per CTE (at 10M predictions those
