@@ -420,7 +420,9 @@ def test_the_pass_memory_cap_is_the_room_under_90_percent_of_the_store() -> None
         assert cap * 1.15 + max(rss_mib, 256) * mib == pytest.approx(0.9 * store_mib * mib, rel=1e-6)
     assert pass_memory_cap(770 * mib, 245 * mib) == pytest.approx(380 * mib, rel=0.01)  # ~ half, as before
     assert pass_memory_cap(4840 * mib, 245 * mib) == pytest.approx(3565 * mib, rel=0.01)
-    assert pass_memory_cap(5 * mib, 124 * mib) == 256 * mib  # the floor
+    assert pass_memory_cap(5 * mib, 124 * mib) == 128 * mib  # the floor
+    # a freshly built 1M store (stop 26): the formula's limit, no longer raised to a 256 MiB floor
+    assert pass_memory_cap(517 * mib, 208 * mib) == pytest.approx(182 * mib, rel=0.01)
     assert pass_memory_cap(770 * mib, None) == 385 * mib  # RSS unknown: half the store
 
 

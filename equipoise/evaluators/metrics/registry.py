@@ -222,7 +222,11 @@ def read_facts(con: duckdb.DuckDBPyConnection) -> None:
 PASS_PEAK_SHARE = 0.9  # the pass's peak RSS target, as a share of the store file's size
 PASS_OUTSIDE_LIMIT = 0.15  # DuckDB's memory outside its memory_limit, as a share of the limit
 PASS_MEMORY_SHARE = 0.5  # the cap as a share of the store where the process's RSS is unknown
-PASS_MEMORY_FLOOR = 256 * 2**20
+# the least memory_limit a pass gets (DuckDB needs some memory whatever the data). 128 MiB, not
+# the 256 MiB it was: a freshly built 1M-prediction store is a 517 MiB file (with no free blocks
+# left by refreshes), whose formula cap of 182 MiB the old floor raised to 256 MiB, and the pass
+# then peaked at 541-562 MiB, above the file (stop 26, benchmarks/RESULTS.md)
+PASS_MEMORY_FLOOR = 128 * 2**20
 # RSS of a process that has imported what a full pass imports (Python, DuckDB, pandas, pyarrow, and
 # scipy and scikit-learn, which metrics import on first use, after the cap is set) and opened the
 # store: 245 MiB measured (1M store)
@@ -261,7 +265,15 @@ def pass_memory_cap(store_bytes: int, rss_bytes: int | None) -> int:
     (DuckDB needs a few MiB whatever the data). At 1M (770 MiB store)
     that is about the half of the store the cap was before (380 MiB instead of 385 MiB); at 10M
     (4,840 MiB) 3.5 GiB instead of 2.4 GiB, so fewer store blocks are evicted and read again.
-    Where the RSS is unknown the limit is ``PASS_MEMORY_SHARE`` of the store."""
+    Where the RSS is unknown the limit is ``PASS_MEMORY_SHARE`` of the store.
+
+    Small limits: on a freshly built 1M store (517 MiB: the sizes above were files that in-place
+    refreshes had grown with free blocks) the limit is 182 MiB, and the peaks measured were 479-500
+    MiB with about 208 MiB before the pass (stop 26, five runs on a loaded machine): DuckDB's memory
+    outside its limit was then 90-110 MiB, half the limit and not 15% of it, so the peak stays under
+    the file but above the 90% target. The price of the smaller limit there was about 0.3-0.5 CPU s
+    of evicted blocks read again and TEMP tables spilled (against 256 MiB, which peaked at 541-562
+    MiB, above the file)."""
     if rss_bytes is None:
         room = store_bytes * PASS_MEMORY_SHARE
     else:
