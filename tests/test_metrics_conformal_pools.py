@@ -1,4 +1,5 @@
-"""The write-time sample pools of conformal_sampling (``facts_sampling_pools``, pool 'item'): the units
+"""The write-time sample pools of conformal_sampling (pool 'item'; since FACTS_FORMAT 7 columns of
+``facts_scored`` on each pool's first sample row, ``registry.POOL_FACT_COLUMNS``): the units
 a connection with fixed base relations reads from them equal, cell by cell, the units computed from
 every sample by the views path (``conf_sampling_units.sql``, itself checked against the numpy
 reference in test_metrics_conformal.py), and the metrics are identical from facts, from TEMP tables
