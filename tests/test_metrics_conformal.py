@@ -906,3 +906,18 @@ def test_unreferenced_ctes_are_dropped_and_the_rest_kept_verbatim():
     con = duckdb.connect()
     assert con.execute(got).fetchall() == con.execute(sql).fetchall() == [("b", 2)]
     assert conformal._referenced_ctes("SELECT 1") == "SELECT 1"
+    # names in any case; nothing referenced leaves the bare statement
+    upper = "WITH A AS (SELECT 1 AS x),\nb AS (SELECT 2 AS x)\nSELECT x FROM a"
+    assert conformal._referenced_ctes(upper) == "WITH A AS (SELECT 1 AS x)\nSELECT x FROM a"
+    assert conformal._referenced_ctes("WITH a AS (SELECT 1 AS x)\nSELECT 2 AS y") == "SELECT 2 AS y"
+    # what the scan cannot read with certainty is returned as it is: a head with a column list, a
+    # block comment, a quoted identifier, a head-like line in the final statement
+    for odd in (
+        "WITH a AS (SELECT 1 AS x),\nb(y) AS (SELECT x FROM a),\nc AS (SELECT 3 AS z)\nSELECT y FROM b",
+        "WITH a AS (SELECT 1 AS x /* ) */),\nb AS (SELECT 2 AS x)\nSELECT x FROM a",
+        'WITH a AS (SELECT 1 AS ")"),\nb AS (SELECT 2 AS x)\nSELECT * FROM a',
+        "WITH a AS (SELECT 1 AS x),\nb AS (SELECT 2 AS x)\n"
+        "SELECT sum(x) OVER w FROM a WINDOW\nw AS (ORDER BY x)",
+    ):
+        assert conformal._referenced_ctes(odd) == odd
+        assert con.execute(odd).fetchall()  # valid SQL, unchanged

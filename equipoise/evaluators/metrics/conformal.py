@@ -279,16 +279,23 @@ def _referenced_ctes(sql: str) -> str:
     repeat in most of them), about 0.06 CPU s over conformal_aps, coverage_by and conformal_lac.
     The result is the same query: the kept CTEs are the text of the originals, in their order, with
     the comments before each. Parentheses and names are read from the code alone (comments and
-    string literals blanked); a name is a reference wherever it appears as a word, so a CTE is kept
-    rather than dropped when in doubt."""
+    string literals blanked); a name is a reference wherever it appears as a word, in any case, so a
+    CTE is kept rather than dropped when in doubt, and a query this scan cannot read with certainty
+    (block comments, quoted identifiers, a CTE head the pattern misses, a name defined twice) is
+    returned as it is."""
     code = _NOT_CODE.sub(lambda m: " " * len(m.group()), sql)
-    if not code.startswith("WITH "):
+    # only what the composed fragments write: no block comments or quoted identifiers (whose
+    # brackets the scan would count), names compared in lower case as DuckDB does
+    if not code.startswith("WITH ") or "/*" in code or '"' in code:
         return sql
     ctes: list[tuple[str, int, int, int]] = []  # name, start of its text, end of its head, end
     start = len("WITH ")
     for head in _CTE_HEAD.finditer(code):
         if head.start() < start:  # a head inside the previous CTE's body
             continue
+        if code[start : head.start()].strip() not in ("", ","):
+            return sql  # text that is no separator before this head: a CTE the pattern missed, or a
+            # line of the final statement that looks like a head; either way, leave the query as is
         depth, pos = 0, head.end() - 1
         for pos in range(head.end() - 1, len(code)):
             depth += {"(": 1, ")": -1}.get(code[pos], 0)
@@ -296,14 +303,16 @@ def _referenced_ctes(sql: str) -> str:
                 break
         else:
             return sql  # unbalanced: leave the query to DuckDB's parser as it is
-        ctes.append((head.group(1), start, head.end(), pos + 1))
+        ctes.append((head.group(1).lower(), start, head.end(), pos + 1))
         start = pos + 1
     if not ctes:
         return sql
     names = {name for name, *_ in ctes}
+    if len(names) < len(ctes):
+        return sql  # a name defined twice: DuckDB's error, not ours to hide
 
     def refs(text: str) -> set[str]:
-        return names & set(re.findall(r"\w+", text))
+        return names & set(re.findall(r"\w+", text.lower()))
 
     body = {name: code[h:e] for name, _, h, e in ctes}
     final = start
@@ -314,7 +323,8 @@ def _referenced_ctes(sql: str) -> str:
             wanted.add(name)
             todo |= refs(body[name]) - wanted
     kept = [sql[s:e].lstrip().removeprefix(",").lstrip("\n") for name, s, _, e in ctes if name in wanted]
-    return "WITH " + ",\n".join(kept) + "\n" + sql[final:].lstrip().removeprefix(",").lstrip()
+    rest = sql[final:].lstrip().removeprefix(",").lstrip()
+    return "WITH " + ",\n".join(kept) + "\n" + rest if kept else rest
 
 
 def _render(name: str, **values: object) -> str:
