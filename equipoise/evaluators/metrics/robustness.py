@@ -83,6 +83,7 @@ from equipoise.evaluators.metrics.registry import (
     temp_tables,
     uses_facts,
 )
+from equipoise.evaluators.store import scalar
 
 DEFAULT_BY: tuple[str, ...] = ("model", "prompt_style")
 UNCERTAINTY: dict[str, tuple[str, str]] = {
@@ -140,6 +141,15 @@ _SAMPLE_COLUMNS = (
 )  # fmt: skip
 
 
+def _variant_range(con: duckdb.DuckDBPyConnection, base: str, perturbed: str) -> str:
+    """rob_pairs.sql's range test on the two variant names (a filter DuckDB pushes into the scan),
+    or nothing where the connection compares strings under a collation other than the default
+    binary one: the names are ordered here by code point, which only binary comparison shares."""
+    if scalar(con, "SELECT current_setting('default_collation')"):
+        return ""
+    return "AND sc.variant BETWEEN '{}' AND '{}'".format(*sorted((base, perturbed)))
+
+
 def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str]) -> None:
     """Create the views rob_samples, rob_pairs and rob_base_unpaired (``sql/rob_pairs.sql``) for the
     pairing of ``params``, the pair views carrying the strata of ``by`` (the metrics group by no
@@ -159,7 +169,7 @@ def _pairs_view(con: duckdb.DuckDBPyConnection, params: dict, by: Sequence[str])
         base_strata="".join(f"b.{c}, " for c in strata),
         base_variant=base,
         perturbed_variant=perturbed,
-        variant_range="BETWEEN '{}' AND '{}'".format(*sorted((base, perturbed))),
+        variant_range=_variant_range(con, base, perturbed),
         sample_index=sample_index,
         uncertainty_expr=expr,
         uncertainty_doc=doc,

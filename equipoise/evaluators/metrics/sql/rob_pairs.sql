@@ -20,7 +20,9 @@
 -- (pair_class, base_id): a join on one integer and one string instead of six strings, and the
 -- samples need not carry the run settings at all.
 -- The variant test is the IN list preceded by the range between the two names ({variant_range}:
--- BETWEEN the smaller and the larger, true for both, so the same rows): DuckDB pushes the range
+-- BETWEEN the smaller and the larger in code-point order, true for both under DuckDB's default
+-- binary collation, so the same rows; robustness.py leaves the range out on a connection with
+-- another default_collation, whose order could differ): DuckDB pushes the range
 -- into the scan of scored_probs and fetches the other columns only for the rows in it, where the
 -- IN list alone, planned as an OR of equalities, was tested after every sample's columns were
 -- read (rob_samples' table about 0.051 -> 0.038 CPU s at 1M predictions, one DuckDB thread).
@@ -33,7 +35,7 @@ s AS (  -- scored_probs: `scored` with the chosen option's probability, a per-sa
     FROM scored_probs sc
     LEFT JOIN rc USING (run_id)
     WHERE sc.sample_index = {sample_index}
-      AND sc.variant {variant_range}
+      {variant_range}
       AND sc.variant IN ('{base_variant}', '{perturbed_variant}')
       AND NOT starts_with(sc.prompt_style, 'self_eval:')
 )
