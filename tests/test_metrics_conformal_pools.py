@@ -172,9 +172,7 @@ def test_sampling_metrics_are_identical_from_facts_temp_tables_and_views(
         pd.testing.assert_frame_equal(f, v, check_exact=True)
 
 
-def test_a_store_whose_facts_lack_the_pools_is_not_read_and_refreshes(
-    fact_store: Path, tmp_path: Path
-) -> None:
+def test_a_store_with_format_6_pool_facts_is_not_read_and_refreshes(fact_store: Path, tmp_path: Path) -> None:
     path = tmp_path / "old.duckdb"
     path.write_bytes(fact_store.read_bytes())
     con = connect(path)
