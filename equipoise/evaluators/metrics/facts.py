@@ -302,9 +302,9 @@ def _item_codes_sql(query: str) -> str:
     rank of item_id among the distinct item_id of ``items``, in string order.
 
     Why: conformal's option mask (``conformal._coded``) joins every unit to its split hashes by the
-    item and breaks ties by the item's string order, and conformal_sampling's pools join that mask
-    by (run_id, item); an integer of the same order does both without hashing or comparing the
-    item strings. The rank is per item_id string (not per dataset), so
+    item and breaks ties by the item's string order, and conformal_sampling's pools key their own
+    mask by it (they join the shared mask by rowid); an integer of the same order does both without
+    hashing or comparing the item strings. The rank is per item_id string (not per dataset), so
     the code of an item_id is the same in every run, and it depends only on ``items``, a shared
     table: an incremental refresh (new or changed runs) keeps every code, and a change to
     ``items`` recomputes every fact (``refresh``)."""
