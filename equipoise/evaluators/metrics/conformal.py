@@ -611,7 +611,7 @@ def _units_sql(
                 "conf_sampling_units_pooled.sql",
                 cov_expr=cov_expr,
                 unit_cols=", ".join(dict.fromkeys([*keep, *_POOL_FACTS, *([ITEM_CODE, "sc_row"] * coded)])),
-                code_cols=f", {ITEM_CODE}, sc_row" if coded else "",
+                code_cols=f", sc.{ITEM_CODE}, sc.sc_row" if coded else "",
                 id_ctes=_ids_sql("sc_all", values),
                 **ids,
                 **values,
@@ -1277,8 +1277,9 @@ def _query(
     run_id and item_id of each unit), so where the pools are exactly the option units (every
     prediction of the sample has option scores and every pool one target, as in a store of scored
     MCQ runs) it is the same mask. Whether they are is checked in the same query: every pool joins a
-    mask unit with equal (run_id, item_id) (over the facts: equal (run_id, item code), the code a
-    bijection of item_id, see ``_pools_coded``), both sides being unique on that pair, and equal
+    mask unit with equal (run_id, item_id) (over the facts: the mask unit of the same
+    ``facts_scored`` row, by the rowid sc_row of the pool's first sample row, see ``_pools_coded``),
+    both sides being unique on that key, and equal
     (gid, sid) (compared after the join, see below), and the two counts are equal; the result then
     has the column ``_MASK_OK`` (see ``_run_query``, which computes the inline mask instead where it
     is false)."""
