@@ -505,17 +505,10 @@ def _pool_outcome(pool: str, n_options: str) -> str:
     )
 
 
-# what a pool 'item' of sampling_pools (``sql/sampling_pools.sql``) holds besides its keys and strata
-_POOL_FACTS: tuple[str, ...] = (
-    "m",
-    "m_option",
-    "n_targets",
-    "target_option_id",
-    "hit",
-    "mv_correct",
-    "ss",
-    "st",
-)
+# what a pool 'item' of sampling_pools (``sql/sampling_pools.sql``) holds besides its keys and strata:
+# the facts_scored columns of registry.POOL_FACT_COLUMNS without their prefix (one list, so the two
+# cannot drift apart)
+_POOL_FACTS: tuple[str, ...] = tuple(c.removeprefix("pool_") for c in POOL_FACT_COLUMNS)
 POOLS_RELATION = "sampling_pools"
 
 
