@@ -223,9 +223,9 @@ PASS_PEAK_SHARE = 0.9  # the pass's peak RSS target, as a share of the store fil
 PASS_OUTSIDE_LIMIT = 0.15  # DuckDB's memory outside its memory_limit, as a share of the limit
 PASS_MEMORY_SHARE = 0.5  # the cap as a share of the store where the process's RSS is unknown
 # the least memory_limit a pass gets (DuckDB needs some memory whatever the data). 128 MiB, not
-# the 256 MiB it was: a freshly built 1M-prediction store is a 517 MiB file (with no free blocks
-# left by refreshes), whose formula cap of 182 MiB the old floor raised to 256 MiB, and the pass
-# then peaked at 541-562 MiB, above the file (stop 26, benchmarks/RESULTS.md)
+# the 256 MiB it was: a freshly built 1M-prediction store is a 521-532 MiB file (no free blocks
+# left by refreshes), where the formula gives 185-194 MiB; the old floor raised that to 256 MiB
+# and the pass peaked at 543 / 550 MiB over a 532 MiB file (benchmarks/RESULTS.md, stop 26)
 PASS_MEMORY_FLOOR = 128 * 2**20
 # RSS of a process that has imported what a full pass imports (Python, DuckDB, pandas, pyarrow, and
 # scipy and scikit-learn, which metrics import on first use, after the cap is set) and opened the
@@ -251,7 +251,9 @@ def own_memory(con: duckdb.DuckDBPyConnection) -> int | None:
 
 def pass_memory_cap(store_bytes: int, rss_bytes: int | None) -> int:
     """DuckDB's memory_limit for a pass over a store of ``store_bytes`` by a process that holds
-    ``rss_bytes`` already: what keeps the pass's peak RSS under ``PASS_PEAK_SHARE`` of the store.
+    ``rss_bytes`` already: what aims to keep the pass's peak RSS under ``PASS_PEAK_SHARE`` of the
+    store (below: at small limits it lands between that and the whole file; stores too small for
+    the room to reach ``PASS_MEMORY_FLOOR`` get the floor, and can peak above their file).
 
     The peak is about the process's own memory before the pass (``rss_bytes``: its RSS less what
     DuckDB's buffer pool holds, at least ``PASS_BASELINE_MIN``, as libraries some metrics import
@@ -267,13 +269,13 @@ def pass_memory_cap(store_bytes: int, rss_bytes: int | None) -> int:
     (4,840 MiB) 3.5 GiB instead of 2.4 GiB, so fewer store blocks are evicted and read again.
     Where the RSS is unknown the limit is ``PASS_MEMORY_SHARE`` of the store.
 
-    Small limits: on a freshly built 1M store (517 MiB: the sizes above were files that in-place
-    refreshes had grown with free blocks) the limit is 182 MiB, and the peaks measured were 479-500
-    MiB with about 208 MiB before the pass (stop 26, five runs on a loaded machine): DuckDB's memory
+    Small limits: on a freshly built 1M store (521 MiB: the sizes above were files that in-place
+    refreshes had grown with free blocks) the limit is 184.9 MiB, and two passes peaked at 482 and
+    500 MiB with about 208 MiB before the pass (benchmarks/RESULTS.md, stop 26): DuckDB's memory
     outside its limit was then 90-110 MiB, half the limit and not 15% of it, so the peak stays under
-    the file but above the 90% target. The price of the smaller limit there was about 0.3-0.5 CPU s
-    of evicted blocks read again and TEMP tables spilled (against 256 MiB, which peaked at 541-562
-    MiB, above the file)."""
+    the file but above the 90% target. The price of the smaller limit there was about 0.6 CPU s of
+    evicted blocks read again and TEMP tables spilled (7.7-7.9 CPU s against 7.1 at 256 MiB, which
+    peaked at 551-558 MiB, above the file)."""
     if rss_bytes is None:
         room = store_bytes * PASS_MEMORY_SHARE
     else:
