@@ -1232,8 +1232,8 @@ def test_unc_auroc_sorted_ranks_across_partition_boundaries(store, monkeypatch) 
     the scores within a group, so neighbours of the same value meet across partition boundaries:
     avg_nll's last value (alone) is max_nll's first (tied within max_nll), max_nll's and g_nll's
     undefined scores meet (g_nll has no defined score), pro holds ties of both classes and
-    infinities and ends in +inf, label_nll's first (alone), and label_nll's last is option_entropy's
-    first (alone in both). Both ways of ranking give the brute-force count over every
+    infinities, and label_nll's last value (alone) is option_entropy's first (alone in both). Both
+    ways of ranking give the brute-force count over every
     (incorrect, correct) pair of each score's defined items."""
     from equipoise.evaluators.metrics import uncertainty
     from equipoise.evaluators.metrics.registry import REGISTRY
@@ -1245,7 +1245,7 @@ def test_unc_auroc_sorted_ranks_across_partition_boundaries(store, monkeypatch) 
         "max_nll": [3.0, 3.0, inf, None, 4.0, 3.5],
         "g_nll": [None, nan, None, None, nan, None],
         "pro": [-inf, 0.5, 0.5, inf, inf, 0.5],
-        "label_nll": [inf, 7.0, 8.0, 9.0, 9.5, 10.0],
+        "label_nll": [6.0, 7.0, 8.0, 9.0, 9.5, 10.0],
         "option_entropy": [10.0, 11.0, 12.0, 13.0, 14.0, 15.0],
     }
     assert not set(scores) & set(uncertainty.DISCRETE_COLUMNS)  # every one is ranked
