@@ -1099,6 +1099,9 @@ def test_unc_summary_literal_means_equal_the_general_form() -> None:
     types = {str(r[0]): str(r[1]) for r in con.execute("DESCRIBE t").fetchall()}
     literal = _literal_means(con, "SELECT * FROM t", cols)
     assert literal is not None
+    # the small integers take the direct sum (exact below 2**53), the 2**60 ones the scaled form
+    assert literal[cols.index("i")] == "sum(i)::DOUBLE / count(i)"
+    assert literal[cols.index("big")] != "sum(big)::DOUBLE / count(big)"
     exact = [_exact_mean(c, integer=types[c] in ("INTEGER", "BIGINT")) for c in cols]
     scales = ", ".join(s for s, _ in exact)
     general = con.execute(
