@@ -670,14 +670,14 @@ def _long_scores(
     metric's score list: _part = _gid * n_scores + position, _incorrect, and the score as DOUBLE in
     _v (NaN read as NULL; with ``undefined_nan`` the other way round: NULL read as NaN, see
     ``sql/unc_auroc.sql``). An empty list gives no rows. _part is ``part_type``, an unsigned integer
-    narrower than the BIGINT the arithmetic yields: the window sorts on (_part, _v), and a 4-byte
+    narrower than the BIGINT the arithmetic yields: the ranking sorts on (_part, _v), and a 4-byte
     key made that sort about 25% cheaper than 8 bytes (a value too large for the type raises an
     error rather than a wrong number; see ``_part_type`` for the 2-byte one).
 
     One SELECT of ``keyed`` per score under UNION ALL, each reading its own score column, rather
     than one SELECT that unnests a list of every score: the same rows, and neither consumer
-    depends on their order (a count per value, or a window partitioned and ordered by the value,
-    where rows of one value are peers), and unc_auroc took about 0.04 s (some 4%) less CPU at 1M
+    depends on their order (a count per value, or a ranking by a sort on the value, where rows of
+    one value are peers), and unc_auroc took about 0.04 s (some 4%) less CPU at 1M
     predictions with one DuckDB thread (0.889-0.906 -> 0.850-0.876 s, back to back): building the
     lists and unnesting them cost more than scanning ``keyed`` once per score. Over plain views
     ``sc`` (the whole unc_scores query, referenced through ``keyed`` once per score) is still
@@ -704,7 +704,8 @@ _SMALL_PARTS = 65536
 
 def _part_type(n_groups: int | None, n_scores: int) -> str:
     """The type of unc_auroc's partition key _part for the continuous scores: USMALLINT when every
-    (group, score) pair fits in it, else UINTEGER. The window sorts on (_part, _v); with the 2-byte
+    (group, score) pair fits in it, else UINTEGER. The ranking sorts on (_part, _v) (one plain sort,
+    or a partitioned window: ``_ranked_continuous``); with the 2-byte
     key that sort took about 0.06 s (some 7% of the metric) less CPU at 1M predictions with one
     DuckDB thread than with the 4-byte one, the same ranks. ``n_groups`` is known only where the
     scores are a table and few enough groups exist (``_read_groups``); None (plain views, where
