@@ -604,7 +604,7 @@ def _units_sql(
                 "conf_sampling_units_pooled.sql",
                 cov_expr=cov_expr,
                 unit_cols=", ".join(dict.fromkeys([*keep, *_POOL_FACTS, *([ITEM_CODE, "sc_row"] * coded)])),
-                code_cols=f", sc.{ITEM_CODE}, sc.sc_row" if coded else "",
+                code_cols=f", {ITEM_CODE}, sc_row" if coded else "",
                 id_ctes=_ids_sql("sc_all", values),
                 **ids,
                 **values,
