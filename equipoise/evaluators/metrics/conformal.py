@@ -431,14 +431,19 @@ def _ids_sql(source: str, values: dict) -> str:
     out = []
     for name, id_col, cols in (("gkeys", "gid", values["by_cols"]), ("skeys", "sid", values["strat_cols"])):
         if cols:
-            listed = ", ".join(cols)
-            out.append(
-                f"{name} AS (SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS {id_col} "
-                f"FROM (SELECT DISTINCT {listed} FROM {source}))"
-            )
+            out.append(f"{name} AS ({_numbering_sql(cols, id_col, source)})")
         else:
             out.append(f"{name} AS (SELECT 1 AS {id_col})")
     return ",\n".join(out) + ","
+
+
+def _numbering_sql(cols: Sequence[str], id_col: str, source: str) -> str:
+    """The distinct values of ``cols`` in ``source`` numbered ``id_col`` in sort order (``_ids_sql``)."""
+    listed = ", ".join(cols)
+    return (
+        f"SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS {id_col} "
+        f"FROM (SELECT DISTINCT {listed} FROM {source})"
+    )
 
 
 def _ids_on(alias: str, cols: Sequence[str]) -> str:
@@ -1026,11 +1031,7 @@ def _cached_option_units(
     sample = values["sample_index"]
     by = values["by_cols"]
     if by:
-        listed = ", ".join(by)
-        numbered = (
-            f"SELECT {listed}, row_number() OVER (ORDER BY {listed}) AS gid FROM "
-            f"(SELECT DISTINCT {listed} FROM scored WHERE sample_index = {sample})"
-        )
+        numbered = _numbering_sql(by, "gid", f"scored WHERE sample_index = {sample}")
         # a TEMP table per grouping and sample: every metric reading the mask table needs the same
         # numbering, which took a scan and a grouping of the sample's rows by the strings per query
         key = repr([uses_facts(con), by, sample])
