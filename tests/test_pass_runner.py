@@ -294,3 +294,29 @@ def test_cli_jobs_is_refused_below_one_lane_and_without_out(store: Path, tmp_pat
     assert r.exit_code == 2 and "--jobs applies to --out" in r.output
     help_text = runner.invoke(app, ["metrics", "--help"]).output
     assert f"Default: {pass_runner.DEFAULT_JOBS}." in " ".join(help_text.split()).replace("│", "")
+
+
+def test_a_full_pass_imports_neither_scipy_nor_scikit_learn(store: Path, tmp_path: Path) -> None:
+    """The metrics compute their tests and fits themselves (``metrics.exact_tests``, the combiners'
+    Newton / closed-form fits): scipy and scikit-learn held about 80 MiB of the pass process's RSS,
+    memory that the pass's cap (``registry.pass_memory_cap``) now gives to DuckDB instead. A fresh
+    interpreter, so that what other tests imported does not hide an import."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from equipoise.evaluators.metrics.pass_runner import run_pass\n"
+        "from equipoise.evaluators.metrics.registry import metric_names\n"
+        "from equipoise.evaluators.store import connect\n"
+        f"store, out = Path({str(store)!r}), Path({str(tmp_path)!r})\n"
+        "con = connect(store, read_only=True)\n"
+        "done = run_pass(con, {n: out / f'{n}.parquet' for n in metric_names()}, jobs=2)\n"
+        "con.close()\n"
+        "assert sorted(d.name for d in done) == metric_names()\n"
+        "print(sorted(m for m in ('scipy', 'sklearn', 'statsmodels') if m in sys.modules))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[]"
