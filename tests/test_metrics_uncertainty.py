@@ -14,7 +14,10 @@ import functools
 import hashlib
 import itertools
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -32,6 +35,9 @@ from equipoise.evaluators.metrics.registry import STRATA, prepare
 from equipoise.evaluators.metrics.uncertainty import (
     SCORE_COLUMNS,
     UNCERTAINTY_COLUMNS,
+    _fit_logistic,
+    _fit_ridge,
+    _sigmoid,
     combiner_predictions,
     embedding_scores,
 )
@@ -715,8 +721,14 @@ def test_normalized_degenerate_and_empty_holdout(crafted):
 # ----------------------------------------------------------------------------- combiners
 
 
+def _tight_logistic(c: float = 1.0) -> LogisticRegression:
+    """scikit-learn's logistic regression run to a tight tolerance: the metric fits the exact
+    optimum of the same objective, which the default tol=1e-4 stops some 1e-4 short of."""
+    return LogisticRegression(C=c, tol=1e-10, max_iter=10000)
+
+
 def _reference_combiners(ref: pd.DataFrame, feats, fraction=0.4, c=1.0, alpha=1.0):
-    preds, aucs = {}, {}
+    preds, aucs, coefs = {}, {}, {}
     for model, g in ref.groupby("model"):
         g = g.copy()
         g[feats] = g[feats].apply(pd.to_numeric, errors="coerce").astype(float)
@@ -727,20 +739,30 @@ def _reference_combiners(ref: pd.DataFrame, feats, fraction=0.4, c=1.0, alpha=1.
         lo, hi = x[tr].min(axis=0), x[tr].max(axis=0)
         xs = np.where(hi > lo, (x - lo) / np.where(hi > lo, hi - lo, 1), 0.0)
         out = {"linear_sum": xs.sum(axis=1)}
-        out["logistic"] = LogisticRegression(C=c, max_iter=1000).fit(xs[tr], y[tr]).predict_proba(xs)[:, 1]
-        out["ridge"] = Ridge(alpha=alpha).fit(xs[tr], y[tr].astype(float)).predict(xs)
+        lr = _tight_logistic(c).fit(xs[tr], y[tr])
+        rg = Ridge(alpha=alpha).fit(xs[tr], y[tr].astype(float))
+        out["logistic"] = lr.predict_proba(xs)[:, 1]
+        out["ridge"] = rg.predict(xs)
+        coefs[model] = {
+            **{f"logistic_{f}": v for f, v in zip(feats, lr.coef_[0], strict=True)},
+            "logistic_bias": lr.intercept_[0],
+            **{f"ridge_{f}": v for f, v in zip(feats, rg.coef_, strict=True)},
+            "ridge_bias": rg.intercept_,
+        }
         for name, u in out.items():
             preds[(model, name)] = pd.Series(u, index=list(zip(g.run_id, g.item_id, strict=True)))
             aucs[(model, name)] = roc_auc_score(y[~tr], u[~tr])
-    return preds, aucs
+    return preds, aucs, coefs
 
 
 @pytest.mark.parametrize(
     "feats", [("n_output_tokens", "n_questions", "n_wait"), ("n_words", "n_wait", "n_hedges", "n_questions")]
 )
 def test_combiners_match_sklearn(store, feats):
+    """Predictions, coefficients and AUROCs against scikit-learn's fits (logistic at a tight
+    tolerance) to 1e-6, the benchmark's tolerance against benchmarks/metrics_reference.py."""
     ref = reference_scores(store)
-    want_pred, want_auc = _reference_combiners(ref, list(feats))
+    want_pred, want_auc, want_coef = _reference_combiners(ref, list(feats))
     con = duckdb.connect(str(store), read_only=True)
     try:
         pred, _ = combiner_predictions(con, ["model"], {"features": feats})
@@ -750,10 +772,13 @@ def test_combiners_match_sklearn(store, feats):
         g = pred[(pred.model == model) & (pred.combiner == name)]
         got = pd.Series(g.u.to_numpy(), index=list(zip(g.run_id, g.item_id, strict=True)))
         assert list(got.index) == list(w.index)
-        np.testing.assert_allclose(got.to_numpy(), w.to_numpy(), rtol=1e-7, atol=1e-9, err_msg=name)
+        np.testing.assert_allclose(got.to_numpy(), w.to_numpy(), rtol=0, atol=1e-6, err_msg=name)
     got = _compute(store, "unc_combiners", ["model"], {"features": feats}).set_index("model")
     for (model, name), a in want_auc.items():
-        assert got.loc[model, f"auroc_{name}"] == pytest.approx(a, abs=TOL)
+        assert got.loc[model, f"auroc_{name}"] == pytest.approx(a, abs=1e-6)
+    for model, coefs in want_coef.items():
+        for col, v in coefs.items():
+            assert got.loc[model, col] == pytest.approx(v, abs=1e-6), (model, col)
     n_missing = ref.groupby("model").apply(lambda g: g[list(feats)].isna().any(axis=1).sum())
     assert (got["n_missing_features"] == n_missing.reindex(got.index)).all()
     assert (got["n_train"] + got["n_test"] + got["n_missing_features"] == got["n_rows"]).all()
@@ -808,6 +833,123 @@ def test_combiners_single_class_and_empty(crafted):
     # one training class: no logistic fit; ridge and the scaled sum are constant -> AUROC 1/2 (ties)
     assert pd.isna(one.auroc_logistic) and pd.isna(one.get("logistic_bias", np.nan))
     assert one.auroc_ridge == pytest.approx(0.5) and one.auroc_linear_sum == pytest.approx(0.5)
+
+
+def _penalised_gradient(x: np.ndarray, y: np.ndarray, c: float, w: np.ndarray, b: float) -> np.ndarray:
+    """The gradient of 0.5 ||w||^2 + C * sum of log-losses in (w, b), from its textbook form with
+    p = 1 / (1 + exp(-z)) (the test's data keep |z| small enough for the plain formula)."""
+    p = 1.0 / (1.0 + np.exp(-(x @ w + b)))
+    return np.r_[w + c * (x.T @ (p - y)), c * (p - y).sum()]
+
+
+def _logistic_data(rng: np.random.Generator, n: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Features in [0, 1] (as the combiners' scaled features) with labels that are noisy, perfectly
+    separable by the first feature, or separable but for one flipped row."""
+    x = rng.random((n, 3))
+    if kind == "noisy":
+        y = (rng.random(n) < 1.0 / (1.0 + np.exp(-(x @ np.array([3.0, -2.0, 0.5]) - 0.3)))).astype(int)
+    else:
+        y = (x[:, 0] > 0.5).astype(int)
+        if kind == "nearly":
+            y[np.argmax(x[:, 0])] = 0
+    return x, y
+
+
+@pytest.mark.parametrize("kind", ["noisy", "separable", "nearly"])
+@pytest.mark.parametrize("c", [1.0, 1e-3, 100.0])
+def test_logistic_fit_is_the_penalised_optimum(kind, c):
+    """At the fit the penalised objective's gradient is ~0 (relative to its scale C * n), the fit
+    agrees with scikit-learn at a tight tolerance to 1e-6, and no coefficient is infinite on
+    separable rows: the penalty makes the optimum unique for any finite C."""
+    rng = np.random.default_rng(7)
+    for n in (12, 400, 5000):
+        x, y = _logistic_data(rng, n, kind)
+        with np.errstate(over="raise", invalid="raise", divide="raise"):
+            w, b = _fit_logistic(x, y, c)
+        grad = _penalised_gradient(x, y, c, w, b)
+        assert np.abs(grad).max() <= 1e-10 * max(1.0, c * n), (n, grad)
+        lr = _tight_logistic(c).fit(x, y)
+        np.testing.assert_allclose(w, lr.coef_[0], rtol=0, atol=1e-6)
+        assert b == pytest.approx(lr.intercept_[0], abs=1e-6)
+        p = _sigmoid(x @ w + b)
+        np.testing.assert_allclose(p, lr.predict_proba(x)[:, 1], rtol=0, atol=1e-6)
+
+
+def test_logistic_fit_is_stable_for_large_margins():
+    """Separable rows with a weak penalty (C = 1e6) push the margins far past where exp(z)
+    overflows a naive sigmoid; the fit stays finite, raises no floating-point warning, reaches a
+    zero gradient and is a minimum: nudging any coefficient raises the objective."""
+    rng = np.random.default_rng(3)
+    x, y = _logistic_data(rng, 300, "separable")
+    c = 1e6
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        w, b = _fit_logistic(x, y, c)
+        z = x @ w + b
+        p = _sigmoid(z)
+    assert np.all(np.isfinite(w)) and np.isfinite(b) and np.abs(z).max() > 40
+    assert np.all((p > 0.5) == y.astype(bool))
+
+    def objective(w: np.ndarray, b: float) -> float:
+        m = np.where(y == 1, -1.0, 1.0) * (x @ w + b)
+        return 0.5 * float(w @ w) + c * float(np.logaddexp(0.0, m).sum())
+
+    e = np.exp(-np.abs(z))  # p (1 - p) and p - y without cancellation at these margins
+    resid = np.where(y == 1, -1.0, 1.0) * np.where(np.where(y == 1, -z, z) >= 0, 1 / (1 + e), e / (1 + e))
+    grad = np.r_[w + c * (x.T @ resid), c * resid.sum()]
+    assert np.abs(grad).max() <= 1e-6 * np.abs(w).max()
+    best = objective(w, b)
+    for i in range(4):
+        for h in (1e-4, -1e-4):
+            dw, db = np.zeros(3), 0.0
+            if i < 3:
+                dw[i] = h
+            else:
+                db = h
+            assert objective(w + dw, b + db) > best
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.0, 25.0])
+def test_ridge_fit_equals_sklearn(alpha):
+    """The closed form with a centred, unpenalised intercept equals scikit-learn's Ridge to ~1e-10,
+    with features whose means are far from 0 (where an uncentred intercept column would differ)."""
+    rng = np.random.default_rng(11)
+    for n in (5, 60, 3000):
+        x = rng.random((n, 3)) + np.array([0.0, 10.0, -3.0])
+        y = (rng.random(n) < 0.4).astype(int)
+        w, b = _fit_ridge(x, y, alpha)
+        rg = Ridge(alpha=alpha).fit(x, y.astype(float))
+        np.testing.assert_allclose(w, rg.coef_, rtol=0, atol=1e-10)
+        assert b == pytest.approx(rg.intercept_, abs=1e-10)
+
+
+def test_combiner_parameters_are_checked(store):
+    """C must be finite and positive (no optimum otherwise), alpha finite and non-negative; a
+    logistic fit needs both labels."""
+    for bad in ({"C": 0.0}, {"C": float("inf")}, {"C": -1.0}, {"alpha": -0.5}, {"alpha": float("nan")}):
+        with pytest.raises(ValueError, match=r"C must|alpha must"):
+            _compute(store, "unc_combiners", ["model"], bad)
+    with pytest.raises(ValueError, match="both labels"):
+        _fit_logistic(np.zeros((3, 2)), np.ones(3, dtype=int), 1.0)
+
+
+def test_combiners_do_not_import_sklearn(store):
+    """The metrics path fits the combiners in numpy: running unc_combiners leaves scikit-learn
+    unimported. In a fresh interpreter, since this test module itself imports it."""
+    code = (
+        "import sys, duckdb\n"
+        "from equipoise.evaluators.metrics import compute\n"
+        f"con = duckdb.connect({str(store)!r}, read_only=True)\n"
+        "out = compute(con, 'unc_combiners', ['model'])\n"
+        "assert len(out) and out['logistic_bias'].notna().all(), out\n"
+        "print(sorted(m for m in sys.modules if m == 'sklearn' or m.startswith('sklearn.')))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
 
 
 # ----------------------------------------------------------------------------- embeddings

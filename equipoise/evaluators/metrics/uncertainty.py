@@ -47,6 +47,14 @@ semantic-equivalence class (seed 002 4.1, seed 004 3.3).
 md5 held-out split (seed 004 D.3): one row per item, one column per score, as ``unc_scores``; the
 bounds themselves are ``unc_normalization_bounds`` (one row per group and score), not repeated per item.
 
+``unc_combiners`` combines the reasoning-trace features (scaled to [0, 1] on an md5 training split)
+into one uncertainty per item three ways: their plain sum, an L2-penalised logistic regression and a
+ridge regression on the incorrect label, and reports each one's coefficients and test-split AUROC.
+Both regressions are fitted here in numpy (ridge in closed form, logistic by Newton's method) to the
+exact optimum of their objectives, the ones scikit-learn's ``LogisticRegression(C)`` and
+``Ridge(alpha)`` state: fitted to convergence, so the coefficients do not depend on a solver's
+stopping tolerance.
+
 ``unc_auroc`` ranks every uncertainty score against correctness: the AUROC for detecting incorrect
 sample-0 answers (the discrimination number seeds 002 and 004 report per method), with undefined
 scores counted rather than silently dropped.
@@ -60,6 +68,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 
 import duckdb
@@ -1014,6 +1023,154 @@ def combiner_features(
     return _features_with_gid(con, _check_by(by), params).drop(columns="_gid")
 
 
+# ----------------------------------------------------------------------------- combiner fits
+#
+# The two regressions are written out here rather than taken from scikit-learn: importing it (and
+# the scipy it pulls in) for two fits on three columns raised the peak RSS of a process running
+# unc_combiners on the 1M-prediction store from 398 to 464 MiB, memory better given to DuckDB's
+# cap. Both fits are defined by their objective, not by a solver.
+
+# Newton's method stops once its full step moves no coefficient by more than this, relative to the
+# largest coefficient (at least 1): from there the error is the step's square, far below 1e-12
+_NEWTON_STEP_TOL = 1e-12
+# ... or after this many steps (a well-posed fit needs fewer than ten; the cap is a guard only)
+_NEWTON_MAX_STEPS = 100
+# a step is accepted when it lowers the objective by at least this share of the decrease the
+# quadratic model promises (the Armijo condition), halving the step until it does ...
+_ARMIJO_SHARE = 1e-4
+# ... down to this fraction of the Newton step; a direction that no such step improves means the
+# objective's changes are already below its rounding, so the fit stops there
+_MIN_STEP_SCALE = 2.0**-40
+# changes of the objective this small relative to its value are rounding, not a rise: near the
+# optimum the promised decrease (about the coefficients' error squared) is far below float noise
+_OBJECTIVE_NOISE = 1e-12
+
+
+def _softplus(z: np.ndarray) -> np.ndarray:
+    """log(1 + exp(z)) without overflow: max(z, 0) + log1p(exp(-|z|)), exact to rounding for any z."""
+    return np.maximum(z, 0.0) + np.log1p(np.exp(-np.abs(z)))
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-z)) without overflow: exp(-|z|) lies in (0, 1], so neither branch overflows
+    and neither loses the small tail to a 1 - p cancellation."""
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _logistic_objective(
+    theta: np.ndarray, x1: np.ndarray, sign: np.ndarray, c: float
+) -> tuple[float, np.ndarray]:
+    """The penalised negative log-likelihood at ``theta`` (coefficients, then the intercept) and
+    each row's margin ``m`` = -z for label 1, z for label 0 (z = x1 @ theta).
+
+    A row's log-loss is log(1 + exp(z)) - y z, which is softplus(m) for both labels: a sum of
+    non-negative terms, so it is computed without cancellation however confident the fit."""
+    m = sign * (x1 @ theta)
+    w = theta[:-1]
+    return 0.5 * float(w @ w) + c * float(_softplus(m).sum()), m
+
+
+def _fit_logistic(x: np.ndarray, y: np.ndarray, c: float) -> tuple[np.ndarray, float]:
+    """L2-penalised logistic regression with an unpenalised intercept, fitted to its optimum.
+
+    Minimises 0.5 ||w||^2 + C * sum_i log(1 + exp(-s_i (x_i . w + b))) with s_i = +1 for label 1
+    and -1 for label 0: the objective scikit-learn's ``LogisticRegression(C=C)`` states. For finite
+    C > 0 and both labels present it is strictly convex and grows without bound in every direction
+    (the penalty bounds w, and a runaway intercept mislabels one class), so it has exactly one
+    minimum, separable data included. The fit returns that minimum to the precision of the
+    arithmetic (Newton's method stops once its step is below 1e-12), not a solver's stopping point:
+    scikit-learn's default lbfgs (tol 1e-4) stopped 1.5e-4 to 4e-4 away from it in the coefficients
+    at 1M predictions, which made the published coefficients depend on the solver's tolerance.
+
+    Newton's method (iteratively reweighted least squares): the gradient is (w, 0) + C X1'(p - y)
+    and the Hessian diag(1, .., 1, 0) + C X1' diag(p (1 - p)) X1 with X1 = [x, 1], both exact; each
+    step solves the Hessian system and is shortened by halving until the objective falls (Armijo),
+    so no step can overshoot into divergence. Starts from w = 0 and the intercept-only optimum
+    b = logit(mean y), where Newton's method converges in a handful of steps."""
+    yb = np.asarray(y, dtype=bool)
+    rate = float(yb.mean()) if len(yb) else 0.0
+    if not 0.0 < rate < 1.0:
+        raise ValueError("logistic combiner: the training rows need both labels")
+    n, d = x.shape
+    x1 = np.empty((n, d + 1))
+    x1[:, :d] = x
+    x1[:, d] = 1.0
+    sign = np.where(yb, -1.0, 1.0)  # the margin's sign: m = sign * z
+    penalty = np.ones(d + 1)
+    penalty[d] = 0.0  # the intercept is not penalised
+    theta = np.zeros(d + 1)
+    theta[d] = np.log(rate) - np.log1p(-rate)
+    f, m = _logistic_objective(theta, x1, sign, c)
+    for _ in range(_NEWTON_MAX_STEPS):
+        # p - y = sign * sigmoid(m) for both labels, and p (1 - p) = e / (1 + e)^2 with e = exp(-|z|)
+        residual = sign * _sigmoid(m)
+        e = np.exp(-np.abs(m))
+        weight = e / (1.0 + e) ** 2
+        grad = penalty * theta + c * (x1.T @ residual)
+        hess = np.diag(penalty) + c * ((x1 * weight[:, None]).T @ x1)
+        try:
+            step = np.linalg.solve(hess, grad)
+        except np.linalg.LinAlgError:  # a singular Hessian (every weight underflowed): least squares
+            step = np.linalg.lstsq(hess, grad, rcond=None)[0]
+        if not np.all(np.isfinite(step)):
+            raise FloatingPointError("logistic combiner: the Newton step is not finite")
+        if np.max(np.abs(step)) <= _NEWTON_STEP_TOL * max(1.0, float(np.max(np.abs(theta)))):
+            return (theta - step)[:d], float((theta - step)[d])
+        decrease = float(grad @ step)  # the model's promised decrease per unit step (>= 0)
+        scale = 1.0
+        while scale >= _MIN_STEP_SCALE:
+            trial = theta - scale * step
+            f_new, m_new = _logistic_objective(trial, x1, sign, c)
+            if f_new <= f - _ARMIJO_SHARE * scale * decrease + _OBJECTIVE_NOISE * abs(f):
+                break
+            scale /= 2.0
+        else:  # no step lowers the objective beyond rounding: as close as the arithmetic allows
+            break
+        theta, f, m = trial, f_new, m_new
+    else:
+        warnings.warn(
+            f"logistic combiner: Newton's method did not converge in {_NEWTON_MAX_STEPS} steps",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return theta[:d], float(theta[d])
+
+
+def _fit_ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, float]:
+    """Ridge regression with an unpenalised intercept, in closed form.
+
+    Minimises ||y - x w - b||^2 + alpha ||w||^2 (scikit-learn's ``Ridge(alpha=alpha)``). Setting
+    the intercept's derivative to zero gives b = ybar - xbar . w, and substituting it leaves the
+    centred problem (Xc' Xc + alpha I) w = Xc' yc, one small symmetric system (one row and column per
+    feature). Centring first, rather than appending a column of ones, keeps the intercept out of
+    the penalty and keeps the system well conditioned when a feature's mean is far from 0."""
+    yf = np.asarray(y, dtype=float)
+    x_mean = x.mean(axis=0)
+    y_mean = float(yf.mean())
+    xc = x - x_mean
+    gram = xc.T @ xc
+    gram[np.diag_indices_from(gram)] += alpha
+    rhs = xc.T @ (yf - y_mean)
+    try:
+        w = np.linalg.solve(gram, rhs)
+    except np.linalg.LinAlgError:  # alpha = 0 with collinear features: the least-norm solution
+        w = np.linalg.lstsq(gram, rhs, rcond=None)[0]
+    return w, y_mean - float(x_mean @ w)
+
+
+def _regularization(params: dict) -> tuple[float, float]:
+    """The combiners' C (logistic) and alpha (ridge), checked: C must be finite and > 0 (C = 0
+    leaves no data term, and an infinite C removes the penalty, without which separable training
+    rows have no optimum); alpha finite and >= 0 (0 is least squares)."""
+    c, alpha = float(params["C"]), float(params["alpha"])
+    if not (np.isfinite(c) and c > 0.0):
+        raise ValueError(f"C must be finite and > 0, got {c}")
+    if not (np.isfinite(alpha) and alpha >= 0.0):
+        raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
+    return c, alpha
+
+
 def _fit_combiners(
     con: duckdb.DuckDBPyConnection, by: list[str], params: dict, slim: bool = False
 ) -> tuple[pd.DataFrame, np.ndarray, dict[str, np.ndarray], list[dict[str, object]]]:
@@ -1022,9 +1179,9 @@ def _fit_combiners(
     in group order, with its ``_gid``). Groups are split by their integer number, not by pandas
     grouping on the strata strings. ``slim`` rows carry no run_id / item_id (see
     ``_features_with_gid``)."""
-    from sklearn.linear_model import LogisticRegression, Ridge
     from threadpoolctl import threadpool_limits
 
+    c, alpha = _regularization(params)
     feats = _columns(params, "features", FEATURE_COLUMNS)
     xcols = [f"{f}_scaled" for f in feats]
     df = _features_with_gid(con, by, params, slim)
@@ -1072,17 +1229,15 @@ def _fit_combiners(
             fit.update(n_train=int(tr.sum()), n_train_incorrect=int(y_tr.sum()))
             fit.update(n_test=int((~tr).sum()), n_test_incorrect=int(yg.sum() - y_tr.sum()))
             if len(y_tr) and 0 < y_tr.sum() < len(y_tr):
-                lr = LogisticRegression(C=float(params["C"]), max_iter=1000)
-                lr.fit(xg[tr], y_tr)
-                preds["logistic"][sl] = lr.predict_proba(xg)[:, 1]
-                fit.update({f"logistic_{f}": float(c) for f, c in zip(feats, lr.coef_[0], strict=True)})
-                fit["logistic_bias"] = float(lr.intercept_[0])
+                w, b = _fit_logistic(xg[tr], y_tr, c)
+                preds["logistic"][sl] = _sigmoid(xg @ w + b)
+                fit.update({f"logistic_{f}": float(v) for f, v in zip(feats, w, strict=True)})
+                fit["logistic_bias"] = b
             if len(y_tr):
-                rg = Ridge(alpha=float(params["alpha"]))
-                rg.fit(xg[tr], y_tr.astype(float))
-                preds["ridge"][sl] = rg.predict(xg)
-                fit.update({f"ridge_{f}": float(c) for f, c in zip(feats, rg.coef_, strict=True)})
-                fit["ridge_bias"] = float(rg.intercept_)
+                w, b = _fit_ridge(xg[tr], y_tr, alpha)
+                preds["ridge"][sl] = xg @ w + b
+                fit.update({f"ridge_{f}": float(v) for f, v in zip(feats, w, strict=True)})
+                fit["ridge_bias"] = b
             fit["_gid"] = k
             fits.append(fit)
     return g_df, gid, preds, fits
@@ -1095,9 +1250,12 @@ def combiner_predictions(
     per-group fit summary with coefficients).
 
     linear_sum = sum of the train-scaled features (seed 002 D.1 "Linear Sum"); logistic =
-    P(incorrect) from ``LogisticRegression(C=C)``; ridge = ``Ridge(alpha=alpha)`` fitted to the 0/1
-    incorrect label (seed 002's Calibration Regression fits correctness and uses 1 - f(x); with an
-    intercept the two are the same function). Both read the train-scaled features.
+    P(incorrect) from the L2-penalised logistic regression that ``LogisticRegression(C=C)`` defines
+    (``_fit_logistic``); ridge = the ridge regression ``Ridge(alpha=alpha)`` defines (``_fit_ridge``),
+    fitted to the 0/1 incorrect label (seed 002's Calibration Regression fits correctness and uses
+    1 - f(x); with an intercept the two are the same function). Both read the train-scaled features,
+    leave the intercept unpenalised and are fitted to convergence, so the coefficients do not depend
+    on a solver's stopping tolerance (scikit-learn's default logistic solver stops about 1e-4 short).
     """
     params = {**REGISTRY["unc_combiners"].params, **(params or {})}
     by = _check_by(by)
