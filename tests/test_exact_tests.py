@@ -34,7 +34,7 @@ def _same(got: float, want: float, rel: float, tiny: float = 0.0) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Fisher
 # ---------------------------------------------------------------------------------------------
-def _fisher_rational(a: int, b: int, c: int, d: int, tol: Fraction = Fraction(1, 10**7)) -> Fraction:
+def _fisher_rational(a: int, b: int, c: int, d: int, tol: Fraction = Fraction(0)) -> Fraction:
     """The p-value by definition, in exact arithmetic: the hypergeometric weights C(r1, x) C(r2, c1-x)
     of the tables whose weight is at most the observed one's times (1 + tol), over all weights."""
     r1, r2, c1 = a + b, c + d, a + c
@@ -63,7 +63,8 @@ def _fisher_decimal(a: int, b: int, c: int, d: int) -> float:
             x -= 1
             w[x] = t
         obs = w[a]
-        p = sum(v for v in w.values() if v <= obs * (1 + Decimal("1e-7"))) / sum(w.values())
+        # ties: exact ties come out of 50-digit products within far less than 1e-40 of each other
+        p = sum(v for v in w.values() if v <= obs * (1 + Decimal("1e-40"))) / sum(w.values())
         return float(min(p, Decimal(1)))
 
 
@@ -125,18 +126,28 @@ def test_fisher_zero_conventions() -> None:
         et.fisher_exact_2x2(1, -1, 2, 2)
 
 
-def test_fisher_near_tie_uses_the_relative_tolerance() -> None:
+def test_fisher_near_tie_is_decided_exactly() -> None:
     # margins rows 58 / 146, columns 60 / 144: P(x = 14) is 8.4e-8 (relative) above P(x = 20), so
-    # observing x = 20 counts x = 14 as "no more likely" under the 1e-7 tolerance, not without it
-    # (scipy 1.17 gives the value without it here, 0.3136...)
+    # observing x = 20 must NOT count x = 14 (as scipy, and the definition, say); a 1 + 1e-7 tolerance
+    # (R's fisher.test) would count it and give 0.394
     table = (20, 38, 40, 106)
     r1, r2 = 58, 146
     w14, w20 = math.comb(r1, 14) * math.comb(r2, 46), math.comb(r1, 20) * math.comb(r2, 40)
     assert w20 < w14 <= w20 * (1 + Fraction(1, 10**7))
     p = et.fisher_exact_2x2(*table)[1]
-    assert p == pytest.approx(float(_fisher_rational(*table)), rel=1e-13)
-    assert p == pytest.approx(0.39444497619552227, rel=1e-13)
-    assert float(_fisher_rational(*table, tol=Fraction(0))) == pytest.approx(0.31361807548372905, rel=1e-13)
+    assert p == pytest.approx(float(_fisher_rational(*table, tol=Fraction(0))), rel=1e-13)
+    assert p == pytest.approx(0.31361807548372905, rel=1e-13)
+    assert p == pytest.approx(float(stats.fisher_exact([[20, 38], [40, 106]]).pvalue), rel=1e-12)
+    loose = _fisher_rational(*table, tol=Fraction(1, 10**7))  # R's tolerance
+    assert float(loose) == pytest.approx(0.39444497619552227, rel=1e-13)
+
+
+def test_fisher_exact_ties_across_the_mode_count_on_both_sides() -> None:
+    # rows and columns that mirror each other: P(x) == P(c1 - x) exactly, so the mirror table of the
+    # observed one must be counted; its floating-point log-probability may differ in the last bits
+    for table in [(30, 70, 70, 30), (2_000, 3_000, 3_000, 2_000), (41, 59, 59, 41)]:
+        p = et.fisher_exact_2x2(*table)[1]
+        assert p == pytest.approx(float(_fisher_rational(*table, tol=Fraction(0))), rel=1e-12), table
 
 
 def test_fisher_table_p_keeps_its_contract() -> None:

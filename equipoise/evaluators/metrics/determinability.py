@@ -15,8 +15,8 @@ no option (unparsed, error) stays in every denominator and is never correct.
 - ``determinability_fisher`` (``det_fisher_counts.sql``): within each group (default model x
   prompt_style) each incomplete condition's accuracy against Complete's, two-sided Fisher exact test
   on the 2x2 table [[correct, wrong] incomplete, [correct, wrong] complete]: p is the total
-  hypergeometric probability (margins fixed) of the tables no more likely than the observed one, up to
-  a relative 1e-7 for ties (``exact_tests.fisher_exact_2x2``; the tests check it against
+  hypergeometric probability (margins fixed) of the tables no more likely than the observed one, ties
+  decided exactly (``exact_tests.fisher_exact_2x2``; the tests check it against
   scipy.stats.fisher_exact); ``odds_ratio`` is the sample odds ratio (incomplete vs complete odds of a
   correct decision; inf when no incomplete decision is wrong or no complete one is correct, NaN
   when a column is empty, where p = 1), ``significant`` is p <= ``alpha`` (default 0.05, as in the

@@ -16,20 +16,24 @@ against scipy (and against exact rational arithmetic where that is possible).
 
 from __future__ import annotations
 
+import decimal
 import math
 from fractions import Fraction
 
 import numpy as np
 
 # A table counts as "no more likely than the observed one" when its probability is at most the observed
-# probability times (1 + FISHER_RELATIVE_TOLERANCE). Tables that are equally likely in exact arithmetic
-# (mirror images, e.g.) come out of the log-space sums below up to 2.3e-13 apart (measured on symmetric
-# tables, margins 10^3 to 2*10^6); 1e-7 (R's fisher.test uses the same) keeps them on the same side with
-# room to spare. scipy.stats.fisher_exact (1.17) uses a much tighter tolerance, so the two differ on the
-# rare tables where another table is within a relative 1e-7 of the observed one without being equal:
-# the smallest total with such a pair is n = 204, rows 58 / 146 and columns 60 / 144, where x = 14 is
-# 8.4e-8 more likely than x = 20 (tests/test_exact_tests.py pins that table against exact rationals).
-FISHER_RELATIVE_TOLERANCE = 1e-7
+# one's, exactly (scipy.stats.fisher_exact's definition; its 1 + 1e-14 factor only absorbs rounding).
+# The floating-point log-probabilities below are good to about 1e-13 relative (tables equally likely in
+# exact arithmetic, e.g. mirror images, came out up to 2.3e-13 apart at margins 10^3 to 2*10^6), so
+# every table within FISHER_BORDERLINE (relative) of the observed one is decided again from the exact
+# ratio of the two probabilities, a product of the rational steps between them evaluated with
+# _BORDERLINE_DIGITS significant digits (a tie then compares equal to far beyond any rounding). A
+# looser tolerance would change p on real tables: with 1 + 1e-7 (R's fisher.test), the table of total
+# 204, rows 58 / 146 and columns 60 / 144 observed at x = 20 counts x = 14, which is 8.4e-8 more
+# likely, and p is 0.394 instead of 0.314 (tests/test_exact_tests.py pins it against exact rationals).
+FISHER_BORDERLINE = 1e-9
+_BORDERLINE_DIGITS = 60
 
 # Tables whose probability is below exp(-_NEGLIGIBLE_LOG) times the most likely table's are left out
 # of the sums: even 1e12 of them add less than the smallest positive double to a p-value (whose
@@ -58,8 +62,8 @@ def fisher_exact_2x2(a: int, b: int, c: int, d: int) -> tuple[float, float]:
     table has those margins. These are scipy.stats.fisher_exact's conventions.
 
     p: with the margins fixed, a follows the hypergeometric law P(x) = C(a+b, x) C(c+d, a+c-x) /
-    C(n, a+c). p is the total probability of every table x with P(x) <= P(a) * (1 + 1e-7), capped at 1
-    (see FISHER_RELATIVE_TOLERANCE for the one way this differs from scipy).
+    C(n, a+c). p is the total probability of every table x with P(x) <= P(a), capped at 1 (ties within
+    rounding decided exactly: see FISHER_BORDERLINE).
 
     Computation: P(x) / P(mode) comes from the exact ratio P(x+1)/P(x) = (r1-x)(c1-x) / ((x+1)(r2-c1+x+1)),
     whose logs are accumulated outward from the mode (numpy, vectorised), so no huge log-factorials
@@ -112,12 +116,37 @@ def fisher_exact_2x2(a: int, b: int, c: int, d: int) -> tuple[float, float]:
     logp[k + 1 :] = np.cumsum(step[k:])
     logp[:k] = -np.cumsum(step[:k][::-1])[::-1]
 
-    qualifies = logp <= logp[a - left] + math.log1p(FISHER_RELATIVE_TOLERANCE)
+    obs = logp[a - left]
+    qualifies = logp <= obs
+    for i in np.flatnonzero(np.abs(logp - obs) <= FISHER_BORDERLINE):
+        qualifies[i] = _no_more_likely(left + int(i), a, r1, r2, c1)
     if qualifies.all():
         return odds, 1.0  # every table is at most as likely as the observed one: p is the whole mass
     terms = np.exp(logp)
     p = float(terms[qualifies].sum()) / float(terms.sum())
     return odds, min(1.0, p)
+
+
+def _no_more_likely(x: int, a: int, r1: int, r2: int, c1: int) -> bool:
+    """Whether P(x) <= P(a) for the hypergeometric law of ``fisher_exact_2x2``, decided from the ratio
+    P(x) / P(a): the product of the exact steps P(t+1) / P(t) = (r1-t)(c1-t) / ((t+1)(r2-c1+t+1))
+    between them, numerator and denominator each a product of integers taken to _BORDERLINE_DIGITS
+    digits. Only called for tables whose floating-point probability is within FISHER_BORDERLINE of
+    the observed one's (a few at most), so its cost, linear in |x - a|, is paid rarely."""
+    if x == a:
+        return True
+    lo, hi = min(x, a), max(x, a)
+    with decimal.localcontext() as ctx:
+        ctx.prec = _BORDERLINE_DIGITS
+        up, down = decimal.Decimal(1), decimal.Decimal(1)
+        for t in range(lo, hi):
+            up *= (r1 - t) * (c1 - t)
+            down *= (t + 1) * (r2 - c1 + t + 1)
+        # P(hi) / P(lo) = up / down; x is the lower end when x < a
+        ratio = up / down if x > a else down / up
+        # each rounded product is off by at most ~(hi - lo) units in the 60th digit: a tie stays
+        # within 1e-40 of 1, and a real difference that small would be beyond any data's precision
+        return ratio <= 1 + decimal.Decimal("1e-40")
 
 
 def _log_central_binomial(h: int) -> float:
