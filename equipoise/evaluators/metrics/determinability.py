@@ -14,15 +14,21 @@ no option (unparsed, error) stays in every denominator and is never correct.
   abstention / wrong-decision rates are NULL in it.
 - ``determinability_fisher`` (``det_fisher_counts.sql``): within each group (default model x
   prompt_style) each incomplete condition's accuracy against Complete's, two-sided Fisher exact test
-  on the 2x2 table [[correct, wrong] incomplete, [correct, wrong] complete] (scipy); ``odds_ratio``
-  is the sample odds ratio (incomplete vs complete odds of a correct decision), ``significant`` is
-  p <= ``alpha`` (default 0.05, as in the seed). p is NULL when either row of the table is empty.
+  on the 2x2 table [[correct, wrong] incomplete, [correct, wrong] complete]: p is the total
+  hypergeometric probability (margins fixed) of the tables no more likely than the observed one, ties
+  decided exactly (``exact_tests.fisher_exact_2x2``; the tests check it against
+  scipy.stats.fisher_exact); ``odds_ratio`` is the sample odds ratio (incomplete vs complete odds of a
+  correct decision; inf when no incomplete decision is wrong or no complete one is correct, NaN
+  when a column is empty, where p = 1), ``significant`` is p <= ``alpha`` (default 0.05, as in the
+  seed). p is NULL when either row of the table is empty.
 - ``determinability_tradeoff`` (``det_tradeoff_points.sql``): one point per group (default model x
   prompt_style): (Incomplete-Determinable accuracy, Incomplete-Undeterminable accuracy); Spearman's
-  rank correlation across the points with its two-sided p-value (scipy.stats.spearmanr: average
-  ranks for ties, t approximation with n - 2 degrees of freedom). One output row. Groups missing a
-  condition are dropped from the correlation and counted in ``n_groups_dropped``; fewer than 3
-  points, or a constant coordinate, give NULL rho and p.
+  rank correlation across the points with its two-sided p-value (``exact_tests.spearman_rho_p``: the
+  Pearson correlation of average ranks, ties sharing their mean rank; p from Student's t with n - 2
+  degrees of freedom, t = rho sqrt((n - 2) / (1 - rho^2)); the tests check it against
+  scipy.stats.spearmanr). One output row. Groups missing a condition are dropped from the
+  correlation and counted in ``n_groups_dropped``; fewer than 3 points, or a constant coordinate,
+  give NULL rho and p.
 - ``self_eval_filtered_accuracy`` (``det_self_eval.sql``): accuracy among decisions the model judged
   'Correct' in a separate self-evaluation session, per group and condition.
 
@@ -54,6 +60,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from equipoise.evaluators.metrics.exact_tests import fisher_exact_2x2, spearman_rho_p
 from equipoise.evaluators.metrics.registry import REGISTRY, Metric, register, render_sql
 
 CONDITIONS: tuple[str, ...] = ("complete", "incomplete_determinable", "incomplete_undeterminable")
@@ -91,10 +98,7 @@ def fisher_table_p(n_correct: int, n: int, n_correct_ref: int, n_ref: int) -> tu
     """Two-sided Fisher exact test of [[correct, wrong], [correct_ref, wrong_ref]]: (odds ratio, p)."""
     if n == 0 or n_ref == 0:
         return float("nan"), float("nan")
-    from scipy import stats  # imported on use: scipy costs ~1 s at start-up (a cached `metrics` call)
-
-    res = stats.fisher_exact([[n_correct, n - n_correct], [n_correct_ref, n_ref - n_correct_ref]])
-    return float(res.statistic), float(res.pvalue)
+    return fisher_exact_2x2(n_correct, n - n_correct, n_correct_ref, n_ref - n_correct_ref)
 
 
 def _fisher(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
@@ -116,13 +120,10 @@ def _fisher(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> 
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Spearman's rho and two-sided p (scipy); NaN for fewer than 3 points or a constant input."""
+    """Spearman's rho and two-sided p (``spearman_rho_p``); NaN for under 3 points or a constant input."""
     if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return float("nan"), float("nan")
-    from scipy import stats
-
-    res = stats.spearmanr(x, y)
-    return float(res.statistic), float(res.pvalue)
+    return spearman_rho_p(x, y)
 
 
 def _tradeoff(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:

@@ -20,9 +20,12 @@ NULL are counted (``n_with_uncertainty`` / ``n_missing``) and left out of uncert
   last two) and ``relative_uncertainty = (mean_subset - mean_pool) / mean_pool`` (seed 004 Table 3).
 - ``mcnemar`` (``rob_mcnemar.sql``): b = correct->wrong, c = wrong->correct. Rule: when b + c <
   ``exact_below`` (default 25) the exact binomial test, statistic min(b, c), p = min(1, 2 *
-  BinomCDF(min(b, c); b + c, 1/2)); otherwise chi-square with continuity correction, statistic
-  (|b - c| - 1)^2 / (b + c), 1 degree of freedom (Edwards' formula as statsmodels writes it). With b +
-  c = 0 the exact p is 1. ``significant`` = p <= ``alpha`` (0.05). Base samples with no perturbed
+  BinomCDF(min(b, c); b + c, 1/2)), the CDF the sum of binomial coefficients over 2^(b + c) (in
+  exact integers up to b + c = 2^14); otherwise chi-square with continuity correction, statistic
+  (|b - c| - 1)^2 / (b + c), 1 degree of freedom, p = P(chi2_1 > stat) = erfc(sqrt(stat / 2))
+  (Edwards' formula as statsmodels writes it;
+  ``exact_tests`` computes both tails, and the tests check them against statsmodels and scipy). With
+  b + c = 0 the exact p is 1. ``significant`` = p <= ``alpha`` (0.05). Base samples with no perturbed
   partner cannot be paired; they are counted in ``n_base_unpaired`` rather than dropped silently.
 - ``paired_bootstrap_uncertainty`` (``rob_paired_diffs.sql``): d_i = perturbed - base uncertainty over
   pairs with both defined; ``mean_diff`` = mean(d); ``n_boot`` (2000) resamples of the d vector with
@@ -70,6 +73,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from equipoise.evaluators.metrics.exact_tests import binom_cdf_half, chi2_sf_1df
 from equipoise.evaluators.metrics.registry import (
     ITEM_CODE,
     REGISTRY,
@@ -337,15 +341,13 @@ def mcnemar_test(b: int, c: int, exact_below: int = 25) -> tuple[str, float, flo
     """(method, statistic, p) for discordant counts b, c, by the rule in the module docstring."""
     if b < 0 or c < 0 or exact_below < 1:
         raise ValueError(f"need b, c >= 0 and exact_below >= 1, got b={b}, c={c}, exact_below={exact_below}")
-    from scipy import stats  # imported on use: scipy costs ~1 s at start-up (a cached `metrics` call)
-
     n = b + c
     if n < exact_below:
         stat = min(b, c)
-        p = 1.0 if n == 0 else min(1.0, 2.0 * float(stats.binom.cdf(stat, n, 0.5)))
+        p = 1.0 if n == 0 else min(1.0, 2.0 * binom_cdf_half(stat, n))
         return "exact", float(stat), p
     stat = (abs(b - c) - 1) ** 2 / n
-    return "chi2", float(stat), float(stats.chi2.sf(stat, 1))
+    return "chi2", float(stat), chi2_sf_1df(stat)
 
 
 def _mcnemar(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
