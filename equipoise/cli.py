@@ -1022,7 +1022,7 @@ MemoryLimit = Annotated[
         help="Cap DuckDB's memory, e.g. 2GB; the rest spills to <store>.tmp (slower, but a large "
         "store then needs less RAM than its own size). Default, when the store's write-time facts "
         "are current: what aims to keep the pass's peak RSS under 95% of the store file (half of a "
-        "freshly built 1M-prediction store, 85% at 10M; registry.pass_memory_cap; a store under "
+        "freshly built 1M-prediction store, 88% at 10M; registry.pass_memory_cap; a store under "
         "about 400 MB gets a 128 MiB floor and can peak above its file), else DuckDB's 80% of RAM. "
         "A value given here is used as given, higher or lower than that default.",
     ),

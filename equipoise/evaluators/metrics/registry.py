@@ -221,10 +221,11 @@ def read_facts(con: duckdb.DuckDBPyConnection) -> None:
 # the memory cap of a metrics pass over current facts (see cap_pass_memory and pass_memory_cap)
 PASS_PEAK_SHARE = 0.95  # the pass's peak RSS target, as a share of the store file's size
 # DuckDB's memory outside its memory_limit (allocator slack, result chunks, the Parquet writers, the
-# metrics' own numpy work): a fixed part plus a share of the limit, the upper envelope of what was
-# measured (benchmarks/RESULTS.md, stops 26-27): 71-94 MiB at limits of 181-300 MiB (1M
-# predictions), 90-209 MiB at 4.1-4.6 GiB (10M)
-PASS_OUTSIDE_FIXED = 96 * 2**20
+# metrics' own numpy work), beyond the process's own memory when the cap is set (``own_memory``): a
+# fixed part plus a share of the limit, above everything measured in stop 27 (benchmarks/RESULTS.md):
+# 30-51 MiB at limits of 213-300 MiB over a freshly built 1M store (own memory 177 MiB), 29 MiB at
+# 4.5 GiB over a freshly built 10M one (own memory 201 MiB)
+PASS_OUTSIDE_FIXED = 48 * 2**20
 PASS_OUTSIDE_LIMIT = 0.03
 PASS_MEMORY_SHARE = 0.5  # the cap as a share of the store where the process's RSS is unknown
 # the least memory_limit a pass gets (DuckDB needs some memory whatever the data). 128 MiB, not
@@ -232,11 +233,12 @@ PASS_MEMORY_SHARE = 0.5  # the cap as a share of the store where the process's R
 # left by refreshes), where the formula gave 185-194 MiB; the old floor raised that to 256 MiB
 # and the pass peaked at 543 / 550 MiB over a 532 MiB file (benchmarks/RESULTS.md, stop 26)
 PASS_MEMORY_FLOOR = 128 * 2**20
-# RSS of a process that has imported what a full pass imports (Python, DuckDB, pandas with pyarrow,
-# pydantic, every metric module) and opened the store: 132 MiB measured before the pass at 1M
-# (stop 27). The metrics import nothing large on first use any more (no scipy or scikit-learn:
+# the least own memory the cap assumes (``own_memory``): a process that has imported what a pass
+# imports (Python, DuckDB, pandas with pyarrow, pydantic, every metric module: 130 MiB) and opened a
+# store (162-166 MiB) and checked its fingerprint (175-179 MiB at 1M, 201 MiB at 10M) (stop 27). The
+# metrics import nothing large on first use any more (no scipy or scikit-learn, which added 80 MiB:
 # tests/test_pass_runner.py checks), so this only guards a caller that measures too early.
-PASS_BASELINE_MIN = 128 * 2**20
+PASS_BASELINE_MIN = 160 * 2**20
 
 
 def process_rss() -> int | None:
@@ -263,20 +265,21 @@ def pass_memory_cap(store_bytes: int, rss_bytes: int | None) -> int:
 
     The peak is the process's own memory before the pass (``rss_bytes``: its RSS less what DuckDB's
     buffer pool holds, at least ``PASS_BASELINE_MIN``), plus the limit, plus what DuckDB and the
-    metrics hold outside it. That last part is mostly fixed, not a share of the limit: 71-94 MiB
-    at limits of 181-300 MiB over a 1M store, 90-209 MiB at 4.1-4.6 GiB over a 10M one
-    (benchmarks/RESULTS.md, stops 26 and 27); ``PASS_OUTSIDE_FIXED`` + ``PASS_OUTSIDE_LIMIT`` of
-    the limit is above every one of them. So the limit is the room left under the target,
+    metrics hold outside it. That last part is mostly fixed, not a share of the limit: 29-51 MiB
+    at limits from 213 MiB (1M predictions) to 4.5 GiB (10M) over freshly built stores
+    (benchmarks/RESULTS.md, stop 27); ``PASS_OUTSIDE_FIXED`` + ``PASS_OUTSIDE_LIMIT`` of the limit
+    is above every one of them. So the limit is the room left under the target,
     ``(PASS_PEAK_SHARE * store - rss - PASS_OUTSIDE_FIXED) / (1 + PASS_OUTSIDE_LIMIT)``, at least
     ``PASS_MEMORY_FLOOR``. Where the RSS is unknown the limit is ``PASS_MEMORY_SHARE`` of the store.
 
-    Why the target is 95% of the file and not less: the outside part is taken at the top of what
-    was measured, so the peaks land below the target (a margin of its own), and every MiB of limit
-    counts at this size. On a freshly built 1M store (519 MiB) the pass ran at its unbounded speed
-    with a 300 MiB limit and lost 10-25% below about 240 MiB (evicted store blocks read again, TEMP
-    tables and sorts spilled to ``<store>.tmp``): stop 26's limit of 181 MiB cost 0.6-0.9 CPU s.
-    That limit was small because the process held 212 MiB before the pass, 80 of them scipy and
-    scikit-learn, which the metrics no longer import."""
+    Why 95% of the file and not less: the outside part is taken at the top of what was measured,
+    so the peaks land below the target (a margin of its own), and at small stores every MiB of limit
+    counts: below about 250 MiB a 1M pass evicts store blocks it reads again and spills TEMP tables
+    and sorts to ``<store>.tmp`` (stop 26's limit, 181 MiB, cost 0.6-0.9 CPU s against an unbounded
+    pass). That limit was small because the process held 212 MiB after its imports, 80 of them scipy
+    and scikit-learn, which the metrics no longer import, and because the outside part was taken as
+    15% of the limit on top of a 256 MiB floor under the process's memory.
+    """
     if rss_bytes is None:
         room = store_bytes * PASS_MEMORY_SHARE
     else:
