@@ -922,6 +922,23 @@ def test_ridge_fit_equals_sklearn(alpha):
         assert b == pytest.approx(rg.intercept_, abs=1e-10)
 
 
+def test_ridge_without_penalty_on_collinear_features_is_the_least_norm_least_squares_fit():
+    """alpha = 0 with collinear features (x0 and 1 - x0): many minimisers; the fit is the one of
+    least norm (numpy's pseudo-inverse of the centred design, computed independently here), and its
+    predictions are least squares."""
+    rng = np.random.default_rng(5)
+    x0, x1 = rng.random(200), rng.random(200)
+    x = np.column_stack([x0, 1.0 - x0, x1])
+    y = (rng.random(200) < 0.3).astype(float)
+    w, b = _fit_ridge(x, y, 0.0)
+    xc, yc = x - x.mean(axis=0), y - y.mean()
+    want = np.linalg.pinv(xc) @ yc
+    np.testing.assert_allclose(w, want, rtol=0, atol=1e-10)
+    assert w[0] == pytest.approx(-w[1], abs=1e-10)  # the least-norm split of the shared direction
+    full = np.linalg.lstsq(np.column_stack([x, np.ones(200)]), y, rcond=None)[0]
+    np.testing.assert_allclose(x @ w + b, np.column_stack([x, np.ones(200)]) @ full, rtol=0, atol=1e-10)
+
+
 def test_combiner_parameters_are_checked(store):
     """C must be finite and positive (no optimum otherwise), alpha finite and non-negative; a
     logistic fit needs both labels."""

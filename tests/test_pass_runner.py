@@ -319,6 +319,7 @@ def test_a_full_pass_imports_neither_scipy_nor_scikit_learn(store: Path, tmp_pat
         "assert sorted(d.name for d in done) == metric_names()\n"
         "print(sorted(m for m in ('scipy', 'sklearn', 'statsmodels') if m in sys.modules))\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    root = Path(__file__).resolve().parents[1]  # this checkout's package, installed or not
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]"

@@ -1149,13 +1149,15 @@ def _fit_ridge(x: np.ndarray, y: np.ndarray, alpha: float) -> tuple[np.ndarray, 
     x_mean = x.mean(axis=0)
     y_mean = float(yf.mean())
     xc = x - x_mean
+    if alpha == 0.0:
+        # plain least squares: with collinear features the normal equations are singular (or nearly,
+        # and np.linalg.solve then returns one of many minimisers), so take the least-norm minimiser
+        # from the centred design itself
+        w = np.linalg.lstsq(xc, yf - y_mean, rcond=None)[0]
+        return w, y_mean - float(x_mean @ w)
     gram = xc.T @ xc
-    gram[np.diag_indices_from(gram)] += alpha
-    rhs = xc.T @ (yf - y_mean)
-    try:
-        w = np.linalg.solve(gram, rhs)
-    except np.linalg.LinAlgError:  # alpha = 0 with collinear features: the least-norm solution
-        w = np.linalg.lstsq(gram, rhs, rcond=None)[0]
+    gram[np.diag_indices_from(gram)] += alpha  # alpha > 0: positive definite, one solution
+    w = np.linalg.solve(gram, xc.T @ (yf - y_mean))
     return w, y_mean - float(x_mean @ w)
 
 
