@@ -69,7 +69,7 @@ def _fisher_decimal(a: int, b: int, c: int, d: int) -> float:
 
 
 def test_fisher_every_small_table_matches_scipy_and_exact_rationals() -> None:
-    for a, b, c, d in itertools.product(range(13), repeat=4):
+    for a, b, c, d in itertools.product(range(11), repeat=4):
         odds, p = et.fisher_exact_2x2(a, b, c, d)
         ref = stats.fisher_exact([[a, b], [c, d]])
         assert _same(odds, float(ref.statistic), 1e-15), (a, b, c, d, odds, ref.statistic)
@@ -148,6 +148,51 @@ def test_fisher_exact_ties_across_the_mode_count_on_both_sides() -> None:
     for table in [(30, 70, 70, 30), (2_000, 3_000, 3_000, 2_000), (41, 59, 59, 41)]:
         p = et.fisher_exact_2x2(*table)[1]
         assert p == pytest.approx(float(_fisher_rational(*table, tol=Fraction(0))), rel=1e-12), table
+
+
+def test_binom_cdf_half_takes_numpy_integers() -> None:
+    # numpy int64 would wrap in the coefficient products and in 1 << n; the function casts first
+    assert et.binom_cdf_half(np.int64(30), np.int64(100)) == et.binom_cdf_half(30, 100)
+    assert et.binom_cdf_half(np.int64(30), np.int64(100)) == pytest.approx(
+        float(stats.binom.cdf(30, 100, 0.5)), rel=1e-12
+    )
+
+
+def test_fisher_tie_decision_direction_and_symmetries() -> None:
+    # margins rows 58 / 146, column 60: P(14) > P(20), so x = 14 is NOT "no more likely" than
+    # a = 20, and x = 20 is no more likely than a = 14 (both directions of the exact product)
+    assert et._no_more_likely(14, 20, 58, 146, 60) is False
+    assert et._no_more_likely(20, 14, 58, 146, 60) is True
+    # a tie found by the product, where no margin symmetry applies: checked against exact integers
+    r1, r2, c1 = 58, 146, 60
+    w = {x: math.comb(r1, x) * math.comb(r2, c1 - x) for x in range(0, 59)}
+    for x, a in [(14, 20), (20, 14), (3, 40), (40, 3), (25, 26)]:
+        assert et._no_more_likely(x, a, r1, r2, c1) is (w[x] <= w[a]), (x, a)
+    # equal row totals: the mirror image c1 - a is an exact tie, found without the product
+    assert et._no_more_likely(60, 40, 100, 100, 100) is True
+    # equal column totals: r1 - a is an exact tie
+    assert et._no_more_likely(7, 23, 30, 70, 50) is True
+
+
+def test_spearman_large_n_sums_do_not_wrap() -> None:
+    # n = 2 * 10^6: sum(rank^2) passes 2^63 (an int64 sum wraps); rho against scipy
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=2_000_000)
+    y = 0.001 * x + rng.normal(size=2_000_000)
+    rho, p = et.spearman_rho_p(x, y)
+    ref = stats.spearmanr(x, y)
+    assert rho == pytest.approx(float(ref.statistic), rel=1e-9)
+    assert p == pytest.approx(float(ref.pvalue), rel=1e-6)
+
+
+def test_fisher_huge_equal_rows_table_does_not_overflow() -> None:
+    # rows of 2 * 10^7 each and a p far in the tail: the mirror table is |x - a| = 72,000 steps away
+    # (the product once overflowed Decimal's exponent range there); the value against scipy
+    a, n = 9_964_000, 20_000_000
+    p = fisher_table_p(a, n, 10_036_000, n)[1]
+    ref = stats.fisher_exact([[a, n - a], [10_036_000, n - 10_036_000]])
+    assert _same(p, float(ref.pvalue), 1e-7)  # scipy's own pmf is off by ~1e-9 at this size
+    assert 0 < p < 1e-100
 
 
 def test_fisher_table_p_keeps_its_contract() -> None:
