@@ -433,8 +433,8 @@ def connect(
     connection; what does not fit (materialized metric tables, sorts, hash tables) spills to
     ``<store>.tmp`` next to the store and is removed when the connection closes. Without it DuckDB
     takes 80% of RAM, and a metrics pass over current facts then caps itself at the room left
-    under 90% of the store file after the process's own memory (``registry.pass_memory_cap``:
-    about a third of a freshly built store at 1M predictions, 70% at 10M, at least 128 MiB); a limit
+    under 95% of the store file after the process's own memory (``registry.pass_memory_cap``:
+    about half of a freshly built store at 1M predictions, 88% at 10M, at least 128 MiB); a limit
     given here is the caller's choice, higher or lower, and the pass keeps it (the connection
     variable ``MEMORY_LIMIT_VAR`` records it). An invalid value raises ``ValueError`` naming it.
     """

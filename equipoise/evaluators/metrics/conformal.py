@@ -114,6 +114,7 @@ import pandas as pd
 from equipoise.evaluators.metrics.registry import (
     ITEM_CODE,
     POOL_FACT_COLUMNS,
+    POOL_FACT_FIELDS,
     SQL_DIR,
     STRATA,
     Metric,
@@ -510,10 +511,6 @@ def _pool_outcome(pool: str, n_options: str) -> str:
     )
 
 
-# what a pool 'item' of sampling_pools (``sql/sampling_pools.sql``) holds besides its keys and strata:
-# the facts_scored columns of registry.POOL_FACT_COLUMNS without their prefix (one list, so the two
-# cannot drift apart)
-_POOL_FACTS: tuple[str, ...] = tuple(c.removeprefix("pool_") for c in POOL_FACT_COLUMNS)
 POOLS_RELATION = "sampling_pools"
 
 
@@ -564,7 +561,7 @@ def _prepare_pools(con: duckdb.DuckDBPyConnection, score: str, params: dict) -> 
         # the pools are the facts_scored rows that carry one (each pool's first sample row, facts.py),
         # with their rowid sc_row: the key of the shared option mask table (``_query``)
         cols = dict.fromkeys(["run_id", "item_id", "dataset_id", *CONF_STRATA, ITEM_CODE])
-        pool = ", ".join(f"{c} AS {c[len('pool_') :]}" for c in POOL_FACT_COLUMNS)
+        pool = ", ".join(f"{c} AS {f}" for c, f in zip(POOL_FACT_COLUMNS, POOL_FACT_FIELDS, strict=True))
         con.execute(
             f"""CREATE OR REPLACE TEMP VIEW {POOLS_RELATION} AS
                 SELECT rowid AS sc_row, {", ".join(cols)}, {pool}
@@ -608,7 +605,9 @@ def _units_sql(
             return _render(
                 "conf_sampling_units_pooled.sql",
                 cov_expr=cov_expr,
-                unit_cols=", ".join(dict.fromkeys([*keep, *_POOL_FACTS, *([ITEM_CODE, "sc_row"] * coded)])),
+                unit_cols=", ".join(
+                    dict.fromkeys([*keep, *POOL_FACT_FIELDS, *([ITEM_CODE, "sc_row"] * coded)])
+                ),
                 code_cols=f", {ITEM_CODE}, sc_row" if coded else "",
                 id_ctes=_ids_sql("sc_all", values),
                 **ids,

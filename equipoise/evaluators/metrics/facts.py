@@ -20,7 +20,7 @@ DuckDB pass, into ordinary tables of the store (:func:`refresh`):
 - ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool, and
   each item's md5 split bits and rank in its run (``uncertainty.fact_scores_sql``);
 - on the first sample's row of each run x item in ``facts_scored``, the pool of its samples that
-  conformal_sampling scores with pool 'item' (``conformal.POOL_FACT_COLUMNS``, from
+  conformal_sampling scores with pool 'item' (``registry.POOL_FACT_COLUMNS``, from
   ``sql/sampling_pools.sql``: sample counts, target, hit, majority vote and every option's sampling
   score; NULL on the other rows), so that the metric reads one row per pool instead of grouping
   every sample, and, that row being the pool's unit of the option mask where the pool has a sample
@@ -244,8 +244,14 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
     the runs the SQL predicate ``todo`` selects: replacing the tables (``create``) or appended to
     them (the runs' old rows are already deleted). The per-item uncertainty scores read the fact
     rows just written, not the joins again (less memory at 10M)."""
-    from equipoise.evaluators.metrics.conformal import POOL_FACT_COLUMNS, pool_facts_sql
-    from equipoise.evaluators.metrics.registry import FACT_ONLY_COLUMNS, sample_probs_sql, scored_probs_sql
+    from equipoise.evaluators.metrics.conformal import pool_facts_sql
+    from equipoise.evaluators.metrics.registry import (
+        FACT_ONLY_COLUMNS,
+        POOL_FACT_COLUMNS,
+        POOL_FACT_FIELDS,
+        sample_probs_sql,
+        scored_probs_sql,
+    )
     from equipoise.evaluators.metrics.uncertainty import fact_scores_sql
 
     where = "" if todo is None else f" WHERE {todo}"
@@ -276,7 +282,9 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
         # pool's first sample row in the same statement that writes facts_scored (an UPDATE of list
         # columns would delete and reinsert the rows, moving the rowids the option mask keys by)
         con.execute(f"CREATE OR REPLACE TEMP TABLE _facts_pools AS {pool_facts_sql()}")
-        pool_cols = ", ".join(f"p.{c[len('pool_') :]} AS {c}" for c in POOL_FACT_COLUMNS)
+        pool_cols = ", ".join(
+            f"p.{f} AS {c}" for f, c in zip(POOL_FACT_FIELDS, POOL_FACT_COLUMNS, strict=True)
+        )
         fill(
             "facts_scored",
             f"""SELECT q.*, {pool_cols} FROM ({_item_codes_sql(scored_probs_sql())}) q

@@ -330,12 +330,21 @@ SCORED_PROBS_COLUMNS = (
 # facts_scored's integer code of item_id (facts.py, ``_item_codes_sql``): its rank among the distinct
 # item_id of ``items`` in string order, so conformal's option mask joins and orders units by an integer
 ITEM_CODE = "item_code"
-# facts_scored's columns of conformal_sampling's pool 'item' (facts.py, ``conformal.pool_facts_sql``):
-# the pool's columns of ``sql/sampling_pools.sql`` with a ``pool_`` prefix, on the pool's first
-# sample row and NULL on the others; neither ``scored`` nor ``scored_probs`` shows them
-POOL_FACT_COLUMNS: tuple[str, ...] = tuple(
-    f"pool_{c}" for c in ("m", "m_option", "n_targets", "target_option_id", "hit", "mv_correct", "ss", "st")
+# what a pool 'item' of conformal_sampling (``sql/sampling_pools.sql``) holds besides its keys and strata
+POOL_FACT_FIELDS: tuple[str, ...] = (
+    "m",
+    "m_option",
+    "n_targets",
+    "target_option_id",
+    "hit",
+    "mv_correct",
+    "ss",
+    "st",
 )
+# facts_scored's columns of those (facts.py, ``conformal.pool_facts_sql``), position for position: the
+# fields with a ``pool_`` prefix, on the pool's first sample row and NULL on the others; neither
+# ``scored`` nor ``scored_probs`` shows them
+POOL_FACT_COLUMNS: tuple[str, ...] = tuple(f"pool_{c}" for c in POOL_FACT_FIELDS)
 # the columns of facts_scored that the ``scored`` relation readers see leaves out
 FACT_ONLY_COLUMNS = (*SCORED_PROBS_COLUMNS, ITEM_CODE, *POOL_FACT_COLUMNS)
 
