@@ -12,6 +12,10 @@ from equipoise.scoring_systems.loader import all_systems
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# the CLI's console (equipoise.cli, created at import) wraps at the terminal's width, at least 110
+# columns; tests look for phrases in its output, and a phrase after a long tmp path (longer under
+# pytest-xdist: .../popen-gw1/...) would wrap across lines. A wide terminal keeps each on one line.
+os.environ.setdefault("COLUMNS", "400")
 
 SYSTEMS = all_systems()
 SYSTEM_IDS = sorted(SYSTEMS)
