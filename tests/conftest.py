@@ -12,13 +12,21 @@ from equipoise.scoring_systems.loader import all_systems
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-# the CLI's console (equipoise.cli, created at import) wraps at the terminal's width, at least 110
-# columns; tests look for phrases in its output, and a phrase after a long tmp path (longer under
-# pytest-xdist: .../popen-gw1/...) would wrap across lines. A wide terminal keeps each on one line.
-os.environ.setdefault("COLUMNS", "400")
 
 SYSTEMS = all_systems()
 SYSTEM_IDS = sorted(SYSTEMS)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _wide_cli_console():
+    """The CLI's console (``equipoise.cli.console``, created at import) 400 columns wide for every
+    test. It wraps at the terminal's width (at least 110 columns), and tests look for phrases in its
+    output: one that follows a tmp path wrapped across two lines once the path grew longer under
+    pytest-xdist (``.../popen-gw1/...``). Set on the console itself, not through ``COLUMNS``: that
+    would also widen pytest's own output, and an exported ``COLUMNS`` would override it."""
+    from equipoise import cli
+
+    cli.console.width = 400
 
 
 @pytest.fixture(scope="session")

@@ -99,7 +99,11 @@ def _answer(body):
 
 
 def _shard_workers() -> list[int]:
-    """Pids of Ray worker processes currently running a shard (Ray titles them ray::run_shard)."""
+    """Pids of Ray worker processes currently running a shard (Ray titles them ray::run_shard).
+
+    Every such process on the machine, not only this test's: the tests that kill one are safe
+    because one pytest-xdist worker runs this whole module (``--dist loadscope``, pyproject.toml),
+    so no other Ray cluster of this suite runs beside it."""
     pids = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
