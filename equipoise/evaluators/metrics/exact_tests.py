@@ -318,9 +318,10 @@ def _twice_average_ranks(v: np.ndarray) -> np.ndarray:
     """
     order = np.argsort(v, kind="stable")
     s = v[order]
-    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # first sorted position of each distinct value
+    new = np.r_[True, s[1:] != s[:-1]]  # sorted position starts a distinct value
+    starts = np.flatnonzero(new)  # first sorted position of each distinct value
     ends = np.r_[starts[1:], len(v)]  # one past its last
-    group = np.cumsum(np.r_[True, s[1:] != s[:-1]]) - 1
+    group = np.cumsum(new) - 1
     twice = np.empty(len(v), dtype=np.int64)
     # positions starts..ends-1 (0-based) hold ranks starts+1..ends: their mean doubled is starts + ends + 1
     twice[order] = (starts + ends + 1)[group]

@@ -1051,10 +1051,12 @@ def _softplus(z: np.ndarray) -> np.ndarray:
     return np.maximum(z, 0.0) + np.log1p(np.exp(-np.abs(z)))
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
+def _sigmoid(z: np.ndarray, e: np.ndarray | None = None) -> np.ndarray:
     """1 / (1 + exp(-z)) without overflow: exp(-|z|) lies in (0, 1], so neither branch overflows
-    and neither loses the small tail to a 1 - p cancellation."""
-    e = np.exp(-np.abs(z))
+    and neither loses the small tail to a 1 - p cancellation. ``e``: exp(-|z|), where the caller
+    has computed it already (the Newton step needs it for the weights too)."""
+    if e is None:
+        e = np.exp(-np.abs(z))
     return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
@@ -1104,8 +1106,8 @@ def _fit_logistic(x: np.ndarray, y: np.ndarray, c: float) -> tuple[np.ndarray, f
     f, m = _logistic_objective(theta, x1, sign, c)
     for _ in range(_NEWTON_MAX_STEPS):
         # p - y = sign * sigmoid(m) for both labels, and p (1 - p) = e / (1 + e)^2 with e = exp(-|z|)
-        residual = sign * _sigmoid(m)
         e = np.exp(-np.abs(m))
+        residual = sign * _sigmoid(m, e)
         weight = e / (1.0 + e) ** 2
         grad = penalty * theta + c * (x1.T @ residual)
         hess = np.diag(penalty) + c * ((x1 * weight[:, None]).T @ x1)
