@@ -323,3 +323,33 @@ def test_a_full_pass_imports_neither_scipy_nor_scikit_learn(store: Path, tmp_pat
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_pass_memory_benchmark_runs_each_configuration_in_turn(store: Path, tmp_path: Path) -> None:
+    """benchmarks/pass_memory.py (the memory cap's cost, measured in alternated fresh processes):
+    one round of the pass's own cap and of an explicit limit with a setting, each a full pass that
+    reports its limit and the kernel's counts; a configuration that is not LIMIT[;NAME=VALUE...] is
+    refused before any run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    script = root / "benchmarks" / "pass_memory.py"
+    paths = [str(root), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    out = tmp_path / "runs.json"
+    cmd = [sys.executable, str(script), "--store", str(store), "--pairs", "1", "--out", str(out)]
+    cmd += ["--config", "default", "--config", "1GiB;threads=1"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root, env=env)
+    assert res.returncode == 0, res.stderr
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["config"] for r in runs] == ["default", "1GiB;threads=1"]
+    assert runs[1]["memory_limit"] == "1.0 GiB" != runs[0]["memory_limit"]  # the default is the pass's cap
+    for r in runs:
+        assert r["wall_s"] > 0 and r["minflt"] > 0 and r["peak_mib"] > 0 and r["read_mib"] >= 0
+    assert "won 0 of 1" in res.stdout or "won 1 of 1" in res.stdout
+    malformed = [*cmd[:-4], "--config", "2GiB;threads"]
+    bad = subprocess.run(malformed, capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert bad.returncode != 0 and "is not NAME=VALUE" in bad.stderr
