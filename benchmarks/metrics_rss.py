@@ -37,9 +37,10 @@ def child(store: Path, name: str, settings: list[str], outdir: Path) -> dict[str
     from equipoise.evaluators.store import connect, sql_literal
 
     _load_all()  # every metric module, as metrics_bench's DuckDB child imports before its clock
-    # and nothing more: scipy and scikit-learn are not imported by the metrics since stop 27, and
-    # importing them here (as this script did until stop 29) added about 80 MiB to every figure
-    # below and lowered the pass's cap, which leaves room for the memory the process already holds
+    # and nothing more: scipy and scikit-learn are not imported by the metrics since stop 27.
+    # Importing them here (as this script did until stop 29) added about 80 MiB to the imports and
+    # prepare figures and to any metric that stays under the cap, and lowered the cap by about as
+    # much (it leaves room for the memory the process already holds)
 
     out: dict[str, Any] = {"metric": name, "imports_mib": peak_mib()}
     pairs = [s.split("=", 1) for s in settings]

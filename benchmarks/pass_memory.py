@@ -4,29 +4,32 @@
                                      [--jemalloc-stats] [--out FILE]
 
 Why: ``registry.cap_pass_memory`` lowers DuckDB's memory_limit for a pass so that its peak RSS
-stays below the store file's size (issue 13's target), and at 1M predictions that cap costs about
-a fifth of the pass's wall time (benchmarks/RESULTS.md, stops 28 and 29). The cost is not in the
-queries' own work but in the kernel: each time the buffer pool evicts to stay under the limit,
-DuckDB 2.0 returns freed memory to the system (an allocator flush that purges jemalloc's arenas),
+stays below the store file's size (issue 13's target), and at 1M predictions that cap costs a
+sixth to a fifth of the pass's wall time (benchmarks/RESULTS.md, stops 28 and 29). The cost is
+mostly in the kernel, not in the queries' own work: as traced at stop 29, each time the buffer pool
+evicts to stay under the limit, DuckDB 2.0 returns freed memory to the system (an allocator flush),
 and the next allocations fault those pages in again. Wall time on a shared machine moves by a
 quarter between identical runs, so one run of each setting says nothing; this script runs the
-settings in turn, A B A B ..., so that a drift of the machine's speed hits all of them alike, and
-counts what the kernel did in each run.
+settings in turn, so that a drift of the machine's speed hits all of them alike (A B, then B A, and
+so on: neither always goes first), and counts what the kernel did in each run.
 
 A configuration is ``LIMIT`` or ``LIMIT;NAME=VALUE;...``: ``default`` for the pass's own cap, or a
 DuckDB size (``2GiB``, ``333MiB``) passed to ``store.connect(memory_limit=)`` as ``equipoise metrics
 --memory-limit`` does (the cap then leaves it alone); each ``NAME=VALUE`` is run as ``SET NAME =
 VALUE`` after ``prepare`` (e.g. ``block_allocator_memory=256MiB``). Each run is a fresh child
-process doing what ``equipoise metrics --out DIR`` does, with the imports of metrics_bench.py's
+process doing what ``equipoise metrics --out DIR --no-cache`` does (no results cache: every metric
+is computed), with the imports of metrics_bench.py's
 DuckDB child: open the store read-only, ``registry.prepare(materialize=True)``, then every
 registered metric written by ``pass_runner.run_pass`` in its default lanes. Timed from the open to
 the end of the pass; reported per run: wall, user and system CPU (getrusage), minor page faults,
 peak RSS (VmHWM, the process's whole life), and the bytes the process read and wrote (rchar /
 wchar of /proc/self/io: the store's blocks read again after an eviction and spilled TEMP data are
 counted, the page cache included). With ``--jemalloc-stats`` the child also prints DuckDB's jemalloc
-statistics at exit (``DUCKDB_JE_MALLOC_CONF=stats_print:true``, read by DuckDB's bundled allocator
-at start) and the table adds its dirty-page purges over the process's life: madvise calls and pages
-purged. The store is only read. Linux only (/proc).
+statistics at exit (``stats_print:true`` added to ``DUCKDB_JE_MALLOC_CONF``, which DuckDB's bundled
+allocator reads at start; a value already set, e.g. ``dirty_decay_ms:-1``, is kept) and the table adds
+its dirty-page purges over the process's life: madvise calls and MiB purged (pages of this system's
+page size). The load average before and after the runs is printed and kept in ``--out``. The store
+is only read. Linux only (/proc).
 """
 
 from __future__ import annotations
@@ -105,8 +108,10 @@ def child(store: Path, config: str, outdir: Path) -> dict[str, Any]:
 def run_one(store: Path, config: str, jemalloc: bool) -> dict[str, Any]:
     """``child`` in a fresh process; with ``jemalloc``, plus the purge counters it prints at exit."""
     env = dict(os.environ)
-    if jemalloc:
-        env["DUCKDB_JE_MALLOC_CONF"] = JEMALLOC_CONF
+    if jemalloc:  # added to what the caller set, so that e.g. a decay setting can be measured too
+        env["DUCKDB_JE_MALLOC_CONF"] = ",".join(
+            filter(None, [env.get("DUCKDB_JE_MALLOC_CONF"), JEMALLOC_CONF])
+        )
     with tempfile.TemporaryDirectory(prefix="eq-pass-memory-") as tmp:
         cmd = [sys.executable, __file__, "--store", str(store), "--child", config, "--workdir", tmp]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -116,9 +121,16 @@ def run_one(store: Path, config: str, jemalloc: bool) -> dict[str, Any]:
     if jemalloc:
         found = _DIRTY.search(done.stderr)
         row["madvise"], row["purged_mib"] = (
-            (int(found.group(2)), int(found.group(3)) * 4096 / 2**20) if found else (None, None)
+            (int(found.group(2)), int(found.group(3)) * os.sysconf("SC_PAGE_SIZE") / 2**20)
+            if found
+            else (None, None)
         )
     return row
+
+
+def _loadavg() -> str:
+    """The first three fields of /proc/loadavg (1, 5 and 15 minutes)."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -144,17 +156,21 @@ def main() -> int:
     if args.pairs < 1:
         raise SystemExit("--pairs must be at least 1")
     configs = args.config or ["default", "2GiB"]
+    if len(set(configs)) < len(configs):
+        raise SystemExit("--config: each configuration once (rounds already repeat them)")
     for c in configs:
         parse_config(c)  # refuse a malformed one before any run
     store_mib = args.store.stat().st_size / 2**20
+    load_before = _loadavg()
     print(f"store {args.store} ({store_mib:,.0f} MiB); {args.pairs} rounds of {', '.join(configs)}")
+    print(f"load average before: {load_before}")
     w = max(6, *(len(c) for c in configs))
     head = f"{'round':>5s} {'config':{w}s} {'limit':>10s} {'wall s':>7s} {'user s':>7s} {'sys s':>6s}"
     head += f" {'minflt':>8s} {'peak MiB':>8s} {'read MiB':>8s} {'wrote MiB':>9s}"
     print(head + (f" {'madvise':>8s} {'purged MiB':>10s}" if args.jemalloc_stats else ""))
     runs: list[dict[str, Any]] = []
     for rnd in range(1, args.pairs + 1):
-        for config in configs:
+        for config in configs if rnd % 2 else configs[::-1]:  # A B, B A, ...: no order always first
             r = run_one(args.store, config, args.jemalloc_stats)
             r["round"] = rnd
             runs.append(r)
@@ -165,6 +181,16 @@ def main() -> int:
                 m, p = r.get("madvise"), r.get("purged_mib")
                 line += f" {m if m is not None else '-':>8} {f'{p:,.0f}' if p is not None else '-':>10s}"
             print(line, flush=True)
+    load_after = _loadavg()
+    print(f"load average after: {load_after}")
+    if args.out:  # before the summary: every run is kept whatever happens below
+        info = {
+            "store_mib": store_mib,
+            "configs": configs,
+            "loadavg": [load_before, load_after],
+            "runs": runs,
+        }
+        args.out.write_text(json.dumps(info, indent=2))
     print("means over the rounds (peak: lowest-highest); won: rounds with a lower wall than the first config")
     first = [r for r in runs if r["config"] == configs[0]]
     for config in configs:
@@ -177,8 +203,6 @@ def main() -> int:
         if config != configs[0]:
             line += f", won {won} of {len(own)}"
         print(line)
-    if args.out:
-        args.out.write_text(json.dumps({"store_mib": store_mib, "configs": configs, "runs": runs}, indent=2))
     return 0
 
 

@@ -325,11 +325,12 @@ def test_a_full_pass_imports_neither_scipy_nor_scikit_learn(store: Path, tmp_pat
     assert res.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="pass_memory.py reads /proc (Linux)")
 def test_the_pass_memory_benchmark_runs_each_configuration_in_turn(store: Path, tmp_path: Path) -> None:
     """benchmarks/pass_memory.py (the memory cap's cost, measured in alternated fresh processes):
     one round of the pass's own cap and of an explicit limit with a setting, each a full pass that
-    reports its limit and the kernel's counts; a configuration that is not LIMIT[;NAME=VALUE...] is
-    refused before any run."""
+    reports its limit and the kernel's counts; a configuration that is not LIMIT[;NAME=VALUE...], or
+    one given twice, is refused before any run."""
     import json
     import os
     import subprocess
@@ -346,10 +347,16 @@ def test_the_pass_memory_benchmark_runs_each_configuration_in_turn(store: Path, 
     assert res.returncode == 0, res.stderr
     runs = json.loads(out.read_text())["runs"]
     assert [r["config"] for r in runs] == ["default", "1GiB;threads=1"]
-    assert runs[1]["memory_limit"] == "1.0 GiB" != runs[0]["memory_limit"]  # the default is the pass's cap
+    # the default is the pass's own cap: at this store's size, the floor (registry.PASS_MEMORY_FLOOR)
+    assert runs[0]["memory_limit"] == f"{registry.PASS_MEMORY_FLOOR / 2**20:.1f} MiB"
+    assert runs[1]["memory_limit"] == "1.0 GiB"
     for r in runs:
         assert r["wall_s"] > 0 and r["minflt"] > 0 and r["peak_mib"] > 0 and r["read_mib"] >= 0
     assert "won 0 of 1" in res.stdout or "won 1 of 1" in res.stdout
-    malformed = [*cmd[:-4], "--config", "2GiB;threads"]
-    bad = subprocess.run(malformed, capture_output=True, text=True, timeout=120, cwd=root, env=env)
-    assert bad.returncode != 0 and "is not NAME=VALUE" in bad.stderr
+    for configs, error in (
+        (["2GiB;threads"], "is not NAME=VALUE"),
+        (["2GiB", "2GiB"], "each configuration once"),
+    ):
+        refused = [*cmd[:-4], *(x for c in configs for x in ("--config", c))]
+        bad = subprocess.run(refused, capture_output=True, text=True, timeout=120, cwd=root, env=env)
+        assert bad.returncode != 0 and error in bad.stderr
