@@ -18,9 +18,9 @@ DuckDB size (``2GiB``, ``333MiB``) passed to ``store.connect(memory_limit=)`` as
 --memory-limit`` does (the cap then leaves it alone); each ``NAME=VALUE`` is run as ``SET NAME =
 VALUE`` after ``prepare`` (e.g. ``block_allocator_memory=256MiB``). Each run is a fresh child
 process doing what ``equipoise metrics --out DIR --no-cache`` does (no results cache: every metric
-is computed), with the imports of metrics_bench.py's
-DuckDB child: open the store read-only, ``registry.prepare(materialize=True)``, then every
-registered metric written by ``pass_runner.run_pass`` in its default lanes. Timed from the open to
+is computed), with the imports of metrics_bench.py's DuckDB child: open the store read-only,
+``registry.prepare(materialize=True)``, then every registered metric written by
+``pass_runner.run_pass`` in its default lanes. Timed from the open to
 the end of the pass; reported per run: wall, user and system CPU (getrusage), minor page faults,
 peak RSS (VmHWM, the process's whole life), and the bytes the process read and wrote (rchar /
 wchar of /proc/self/io: the store's blocks read again after an eviction and spilled TEMP data are
