@@ -47,6 +47,19 @@ def _fail(message: str | BaseException) -> None:
     raise typer.Exit(code=2)
 
 
+@app.callback()
+def _before_any_command() -> None:
+    # no docstring: typer would show it in place of the app's help. Runs before every command (not
+    # for --help): an environment holding a DuckDB older than the store needs fails here, in one
+    # line naming the installed version and the fix, instead of in a metric's SQL much later
+    from equipoise.evaluators.store import DuckDBVersionError, check_duckdb_version
+
+    try:
+        check_duckdb_version()
+    except DuckDBVersionError as exc:
+        _fail(exc)
+
+
 def _connect(store: Path, read_only: bool = False, memory_limit: str | None = None) -> Any:
     """Open a store or exit with one line (missing file, locked by another writer, bad limit)."""
     import duckdb

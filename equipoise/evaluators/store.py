@@ -306,8 +306,36 @@ def primary_key(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
     return list(rows[0][0])
 
 
+# the oldest DuckDB the store works with. DuckDB 1.x cannot open a store file that 2.0 wrote, and
+# its parser refuses the SQL of the option conformal metrics (1.4.4 and 1.5.6 both failed
+# conformal_aps, conformal_lac and conformal_coverage_by with a syntax error at the calibration
+# mask's last CTE; benchmarks/RESULTS.md, stop 30). pyproject.toml pins the same bound.
+MIN_DUCKDB = (2, 0)
+
+
+class DuckDBVersionError(RuntimeError):
+    """The installed DuckDB is older than :data:`MIN_DUCKDB`."""
+
+
+def check_duckdb_version(version: str | None = None) -> None:
+    """Raise :class:`DuckDBVersionError` naming the installed version and the command that fixes it
+    when DuckDB (``version``, default the imported module's) is older than :data:`MIN_DUCKDB`.
+
+    Why: pip honours the package's pin, but an environment built with ``--no-deps`` or by another
+    tool can hold an older DuckDB, which would fail much later, inside a metric, with a parser
+    error that says nothing about versions. Every store connection is opened after this check."""
+    text = duckdb.__version__ if version is None else version
+    found = re.match(r"(\d+)\.(\d+)", text)
+    if found is None or (int(found.group(1)), int(found.group(2))) < MIN_DUCKDB:
+        need = ".".join(map(str, MIN_DUCKDB))
+        raise DuckDBVersionError(
+            f"equipoise needs DuckDB >= {need} (installed: {text}); run: pip install 'duckdb>={need},<3'"
+        )
+
+
 def connect_memory() -> duckdb.DuckDBPyConnection:
     """A store in memory with the current schema (parts are read into it for metrics and SQL)."""
+    check_duckdb_version()
     con = duckdb.connect(":memory:")
     migrate(con)
     return con
@@ -438,6 +466,7 @@ def connect(
     given here is the caller's choice, higher or lower, and the pass keeps it (the connection
     variable ``MEMORY_LIMIT_VAR`` records it). An invalid value raises ``ValueError`` naming it.
     """
+    check_duckdb_version()
     config: dict[str, str] = {}
     if memory_limit is not None:
         config = {"memory_limit": memory_limit, "temp_directory": f"{path}.tmp"}
@@ -506,6 +535,7 @@ def migrate_store(path: Path) -> tuple[int, int]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such store")
+    check_duckdb_version()
     try:
         con = duckdb.connect(str(path))
     except duckdb.IOException as exc:
