@@ -16,7 +16,11 @@ so on: neither always goes first), and counts what the kernel did in each run.
 A configuration is ``LIMIT`` or ``LIMIT;NAME=VALUE;...``: ``default`` for the pass's own cap, or a
 DuckDB size (``2GiB``, ``333MiB``) passed to ``store.connect(memory_limit=)`` as ``equipoise metrics
 --memory-limit`` does (the cap then leaves it alone); each ``NAME=VALUE`` is run as ``SET NAME =
-VALUE`` after ``prepare`` (e.g. ``block_allocator_memory=256MiB``). Each run is a fresh child
+VALUE`` after ``prepare`` (e.g. ``block_allocator_memory=256MiB``). A configuration may end in
+``|VAR=VALUE&VAR=VALUE...``: environment variables of its child process only, for what DuckDB or
+the C library read at start (``default|DUCKDB_JE_MALLOC_CONF=thp:always``,
+``default|LD_PRELOAD=/path/shim.so``), or ``default|PYTHONPATH=/other/checkout`` to time another
+version of the code against this one (benchmarks/RESULTS.md, stop 30). Each run is a fresh child
 process doing what ``equipoise metrics --out DIR --no-cache`` does (no results cache: every metric
 is computed), with the imports of metrics_bench.py's DuckDB child: open the store read-only,
 ``registry.prepare(materialize=True)``, then every registered metric written by
@@ -53,9 +57,23 @@ JEMALLOC_CONF = "stats_print:true,stats_print_opts:gblxea"  # only the merged ar
 _DIRTY = re.compile(r"^\s*dirty:\s+\S+\s+\d+\s+(\d+)\s+(\d+)\s+(\d+)\s*$", re.MULTILINE)
 
 
+def parse_env(text: str) -> dict[str, str]:
+    """The environment part of a configuration (after ``|``): ``VAR=VALUE&...`` -> {VAR: VALUE}."""
+    if "|" not in text:
+        return {}
+    env = {}
+    for item in text.split("|", 1)[1].split("&"):
+        name, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise SystemExit(f"--config {text!r}: {item!r} is not VAR=VALUE")
+        env[name] = value
+    return env
+
+
 def parse_config(text: str) -> tuple[str | None, list[tuple[str, str]]]:
-    """``LIMIT[;NAME=VALUE...]`` -> (memory limit or None for the pass's own cap, SET pairs)."""
-    limit, *sets = [part.strip() for part in text.split(";")]
+    """``LIMIT[;NAME=VALUE...][|VAR=VALUE&...]`` -> (memory limit or None for the pass's own cap,
+    SET pairs); the environment part is ``parse_env``'s."""
+    limit, *sets = [part.strip() for part in text.split("|", 1)[0].split(";")]
     pairs = []
     for s in sets:
         name, sep, value = s.partition("=")
@@ -94,6 +112,7 @@ def child(store: Path, config: str, outdir: Path) -> dict[str, Any]:
     wall, r1, io1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF), _io()
     return {
         "config": config,
+        "env": {name: os.environ.get(name) for name in parse_env(config)},  # as this child saw them
         "memory_limit": cap,
         "wall_s": wall,
         "user_s": r1.ru_utime - r0.ru_utime,
@@ -107,7 +126,7 @@ def child(store: Path, config: str, outdir: Path) -> dict[str, Any]:
 
 def run_one(store: Path, config: str, jemalloc: bool) -> dict[str, Any]:
     """``child`` in a fresh process; with ``jemalloc``, plus the purge counters it prints at exit."""
-    env = dict(os.environ)
+    env = {**os.environ, **parse_env(config)}
     if jemalloc:  # added to what the caller set, so that e.g. a decay setting can be measured too
         env["DUCKDB_JE_MALLOC_CONF"] = ",".join(
             filter(None, [env.get("DUCKDB_JE_MALLOC_CONF"), JEMALLOC_CONF])
@@ -143,7 +162,9 @@ def main() -> int:
     ap.add_argument("--store", type=Path, required=True, help="a store with current facts (read only)")
     ap.add_argument("--pairs", type=int, default=6, help="rounds: each runs every configuration once")
     ap.add_argument(
-        "--config", action="append", help="LIMIT[;NAME=VALUE...], repeatable (default: default, 2GiB)"
+        "--config",
+        action="append",
+        help="LIMIT[;NAME=VALUE...][|VAR=VALUE&...], repeatable (default: default, 2GiB)",
     )
     ap.add_argument("--jemalloc-stats", action="store_true", help="count jemalloc's purges too")
     ap.add_argument("--out", type=Path, help="also write every run as JSON here")
@@ -160,6 +181,7 @@ def main() -> int:
         raise SystemExit("--config: each configuration once (rounds already repeat them)")
     for c in configs:
         parse_config(c)  # refuse a malformed one before any run
+        parse_env(c)
     store_mib = args.store.stat().st_size / 2**20
     load_before = _loadavg()
     print(f"store {args.store} ({store_mib:,.0f} MiB); {args.pairs} rounds of {', '.join(configs)}")

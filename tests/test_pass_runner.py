@@ -329,8 +329,9 @@ def test_a_full_pass_imports_neither_scipy_nor_scikit_learn(store: Path, tmp_pat
 def test_the_pass_memory_benchmark_runs_each_configuration_in_turn(store: Path, tmp_path: Path) -> None:
     """benchmarks/pass_memory.py (the memory cap's cost, measured in alternated fresh processes):
     one round of the pass's own cap and of an explicit limit with a setting, each a full pass that
-    reports its limit and the kernel's counts; a configuration that is not LIMIT[;NAME=VALUE...], or
-    one given twice, is refused before any run."""
+    reports its limit and the kernel's counts, the second with environment variables of its own; a
+    configuration that is not LIMIT[;NAME=VALUE...][|VAR=VALUE&...], or one given twice, is refused
+    before any run."""
     import json
     import os
     import subprocess
@@ -342,11 +343,13 @@ def test_the_pass_memory_benchmark_runs_each_configuration_in_turn(store: Path, 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     out = tmp_path / "runs.json"
     cmd = [sys.executable, str(script), "--store", str(store), "--pairs", "1", "--out", str(out)]
-    cmd += ["--config", "default", "--config", "1GiB;threads=1"]
+    cmd += ["--config", "default", "--config", "1GiB;threads=1|EQUIPOISE_PROBE=a=b&EQUIPOISE_EMPTY="]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root, env=env)
     assert res.returncode == 0, res.stderr
     runs = json.loads(out.read_text())["runs"]
-    assert [r["config"] for r in runs] == ["default", "1GiB;threads=1"]
+    assert [r["config"] for r in runs] == ["default", "1GiB;threads=1|EQUIPOISE_PROBE=a=b&EQUIPOISE_EMPTY="]
+    # the environment part reaches that configuration's child only
+    assert runs[0]["env"] == {} and runs[1]["env"] == {"EQUIPOISE_PROBE": "a=b", "EQUIPOISE_EMPTY": ""}
     # the default is the pass's own cap: at this store's size, the floor (registry.PASS_MEMORY_FLOOR)
     assert runs[0]["memory_limit"] == f"{registry.PASS_MEMORY_FLOOR / 2**20:.1f} MiB"
     assert runs[1]["memory_limit"] == "1.0 GiB"
@@ -355,6 +358,7 @@ def test_the_pass_memory_benchmark_runs_each_configuration_in_turn(store: Path, 
     assert "won 0 of 1" in res.stdout or "won 1 of 1" in res.stdout
     for configs, error in (
         (["2GiB;threads"], "is not NAME=VALUE"),
+        (["2GiB|LD PRELOAD=x"], "is not VAR=VALUE"),
         (["2GiB", "2GiB"], "each configuration once"),
     ):
         refused = [*cmd[:-4], *(x for c in configs for x in ("--config", c))]
