@@ -20,7 +20,8 @@ VALUE`` after ``prepare`` (e.g. ``block_allocator_memory=256MiB``). A configurat
 ``|VAR=VALUE&VAR=VALUE...``: environment variables of its child process only, for what DuckDB or
 the C library read at start (``default|DUCKDB_JE_MALLOC_CONF=thp:always``,
 ``default|LD_PRELOAD=/path/shim.so``), or ``default|PYTHONPATH=/other/checkout`` to time another
-version of the code against this one (benchmarks/RESULTS.md, stop 30). Each run is a fresh child
+version of the code against this one (benchmarks/RESULTS.md, stop 30); a SET value cannot hold
+``|`` and a variable's value cannot hold ``&`` (either is refused as malformed). Each run is a fresh child
 process doing what ``equipoise metrics --out DIR --no-cache`` does (no results cache: every metric
 is computed), with the imports of metrics_bench.py's DuckDB child: open the store read-only,
 ``registry.prepare(materialize=True)``, then every registered metric written by

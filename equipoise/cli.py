@@ -47,24 +47,11 @@ def _fail(message: str | BaseException) -> None:
     raise typer.Exit(code=2)
 
 
-@app.callback()
-def _before_any_command() -> None:
-    # no docstring: typer would show it in place of the app's help. Runs before every command (not
-    # for --help): an environment holding a DuckDB older than the store needs fails here, in one
-    # line naming the installed version and the fix, instead of in a metric's SQL much later
-    from equipoise.evaluators.store import DuckDBVersionError, check_duckdb_version
-
-    try:
-        check_duckdb_version()
-    except DuckDBVersionError as exc:
-        _fail(exc)
-
-
 def _connect(store: Path, read_only: bool = False, memory_limit: str | None = None) -> Any:
     """Open a store or exit with one line (missing file, locked by another writer, bad limit)."""
     import duckdb
 
-    from equipoise.evaluators.store import StoreLockedError, StoreOutdatedError, connect
+    from equipoise.evaluators.store import DuckDBVersionError, StoreLockedError, StoreOutdatedError, connect
 
     try:
         if read_only and store.is_dir():  # a folder of Parquet parts: read into an in-memory store
@@ -72,7 +59,14 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
 
             return open_parts(store)
         return connect(store, read_only=read_only, memory_limit=memory_limit)
-    except (FileNotFoundError, StoreLockedError, StoreOutdatedError, ValueError, duckdb.Error) as exc:
+    except (
+        FileNotFoundError,
+        StoreLockedError,
+        StoreOutdatedError,
+        DuckDBVersionError,
+        ValueError,
+        duckdb.Error,
+    ) as exc:
         _fail(exc)
 
 
@@ -849,10 +843,11 @@ def eval_cmd(
 def _or_fail(fn: Any) -> Any:
     """Call ``fn``; a user error (bad parts folder, bad plan) becomes one line and exit 2."""
     from equipoise.evaluators.planner import PlanError
+    from equipoise.evaluators.store import DuckDBVersionError
 
     try:
         return fn()
-    except (PlanError, ValueError, FileNotFoundError) as exc:
+    except (PlanError, ValueError, FileNotFoundError, DuckDBVersionError) as exc:
         _fail(exc)
 
 
@@ -1261,13 +1256,13 @@ def report(
 
     from equipoise.evaluators.metrics.pass_runner import DEFAULT_JOBS
     from equipoise.evaluators.report import write_report
-    from equipoise.evaluators.store import StoreLockedError, StoreOutdatedError
+    from equipoise.evaluators.store import DuckDBVersionError, StoreLockedError, StoreOutdatedError
 
     if not store.exists():
         _fail(f"{store}: no such store")
     try:
         rep = write_report(store, out, memory_limit=memory_limit, jobs=DEFAULT_JOBS if jobs is None else jobs)
-    except (ValueError, StoreLockedError, StoreOutdatedError, duckdb.Error) as exc:
+    except (ValueError, StoreLockedError, StoreOutdatedError, DuckDBVersionError, duckdb.Error) as exc:
         _fail(exc)
     console.print(f"wrote {len(rep.tables)} tables and {len(rep.plots)} plots to {out}")
     for p in rep.plots:
@@ -1284,11 +1279,23 @@ def store_migrate(
     only when every step succeeded, so a failure leaves the store as it was."""
     import duckdb
 
-    from equipoise.evaluators.store import StoreLockedError, StoreOutdatedError, migrate_store
+    from equipoise.evaluators.store import (
+        DuckDBVersionError,
+        StoreLockedError,
+        StoreOutdatedError,
+        migrate_store,
+    )
 
     try:
         before, after = migrate_store(store)
-    except (FileNotFoundError, StoreLockedError, StoreOutdatedError, OSError, duckdb.Error) as exc:
+    except (
+        FileNotFoundError,
+        StoreLockedError,
+        StoreOutdatedError,
+        DuckDBVersionError,
+        OSError,
+        duckdb.Error,
+    ) as exc:
         _fail(exc)
     if before == after:
         console.print(f"{store}: already at schema v{after}; nothing to do", highlight=False)

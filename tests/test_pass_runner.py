@@ -343,13 +343,15 @@ def test_the_pass_memory_benchmark_runs_each_configuration_in_turn(store: Path, 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     out = tmp_path / "runs.json"
     cmd = [sys.executable, str(script), "--store", str(store), "--pairs", "1", "--out", str(out)]
-    cmd += ["--config", "default", "--config", "1GiB;threads=1|EQUIPOISE_PROBE=a=b&EQUIPOISE_EMPTY="]
+    both = ["default|EQUIPOISE_PROBE=one", "1GiB;threads=1|EQUIPOISE_PROBE=a=b&EQUIPOISE_EMPTY="]
+    cmd += ["--config", both[0], "--config", both[1]]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=root, env=env)
     assert res.returncode == 0, res.stderr
     runs = json.loads(out.read_text())["runs"]
-    assert [r["config"] for r in runs] == ["default", "1GiB;threads=1|EQUIPOISE_PROBE=a=b&EQUIPOISE_EMPTY="]
-    # the environment part reaches that configuration's child only
-    assert runs[0]["env"] == {} and runs[1]["env"] == {"EQUIPOISE_PROBE": "a=b", "EQUIPOISE_EMPTY": ""}
+    assert [r["config"] for r in runs] == both
+    # each configuration's child sees its own value of the same variable
+    assert runs[0]["env"] == {"EQUIPOISE_PROBE": "one"}
+    assert runs[1]["env"] == {"EQUIPOISE_PROBE": "a=b", "EQUIPOISE_EMPTY": ""}
     # the default is the pass's own cap: at this store's size, the floor (registry.PASS_MEMORY_FLOOR)
     assert runs[0]["memory_limit"] == f"{registry.PASS_MEMORY_FLOOR / 2**20:.1f} MiB"
     assert runs[1]["memory_limit"] == "1.0 GiB"

@@ -64,13 +64,25 @@ def test_pyproject_pins_the_same_lower_bound() -> None:
     assert (int(lower.group(1)), int(lower.group(2))) == st.MIN_DUCKDB
 
 
-def test_the_cli_says_it_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_says_it_in_one_line_where_a_store_is_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from typer.testing import CliRunner
 
     from equipoise.cli import app
 
+    path = tmp_path / "store.duckdb"
+    st.connect(path).close()
     monkeypatch.setattr(duckdb, "__version__", "1.5.6")
-    result = CliRunner().invoke(app, ["systems", "list"])
-    assert result.exit_code == 2
-    assert "installed: 1.5.6" in result.output and "Traceback" not in result.output
-    assert CliRunner().invoke(app, ["--help"]).exit_code == 0  # help needs no store
+    runner = CliRunner()
+    for args in (
+        ["sql", "--store", str(path), "SELECT 1"],
+        ["report", "--store", str(path), "--out", str(tmp_path / "report")],
+        ["store", "migrate", str(path)],
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "installed: 1.5.6" in result.output and "Traceback" not in result.output, args
+    # what opens no store still works: help at every level, the scoring systems
+    for args in (["--help"], ["metrics", "--help"], ["store", "--help"], ["systems", "list"]):
+        assert runner.invoke(app, args).exit_code == 0, args
