@@ -51,7 +51,7 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
     """Open a store or exit with one line (missing file, locked by another writer, bad limit)."""
     import duckdb
 
-    from equipoise.evaluators.store import DuckDBVersionError, StoreLockedError, StoreOutdatedError, connect
+    from equipoise.evaluators.store import StoreError, connect
 
     try:
         if read_only and store.is_dir():  # a folder of Parquet parts: read into an in-memory store
@@ -59,14 +59,7 @@ def _connect(store: Path, read_only: bool = False, memory_limit: str | None = No
 
             return open_parts(store)
         return connect(store, read_only=read_only, memory_limit=memory_limit)
-    except (
-        FileNotFoundError,
-        StoreLockedError,
-        StoreOutdatedError,
-        DuckDBVersionError,
-        ValueError,
-        duckdb.Error,
-    ) as exc:
+    except (FileNotFoundError, StoreError, ValueError, duckdb.Error) as exc:
         _fail(exc)
 
 
@@ -843,11 +836,11 @@ def eval_cmd(
 def _or_fail(fn: Any) -> Any:
     """Call ``fn``; a user error (bad parts folder, bad plan) becomes one line and exit 2."""
     from equipoise.evaluators.planner import PlanError
-    from equipoise.evaluators.store import DuckDBVersionError
+    from equipoise.evaluators.store import StoreError
 
     try:
         return fn()
-    except (PlanError, ValueError, FileNotFoundError, DuckDBVersionError) as exc:
+    except (PlanError, ValueError, FileNotFoundError, StoreError) as exc:
         _fail(exc)
 
 
@@ -1256,13 +1249,13 @@ def report(
 
     from equipoise.evaluators.metrics.pass_runner import DEFAULT_JOBS
     from equipoise.evaluators.report import write_report
-    from equipoise.evaluators.store import DuckDBVersionError, StoreLockedError, StoreOutdatedError
+    from equipoise.evaluators.store import StoreError
 
     if not store.exists():
         _fail(f"{store}: no such store")
     try:
         rep = write_report(store, out, memory_limit=memory_limit, jobs=DEFAULT_JOBS if jobs is None else jobs)
-    except (ValueError, StoreLockedError, StoreOutdatedError, DuckDBVersionError, duckdb.Error) as exc:
+    except (ValueError, StoreError, duckdb.Error) as exc:
         _fail(exc)
     console.print(f"wrote {len(rep.tables)} tables and {len(rep.plots)} plots to {out}")
     for p in rep.plots:
@@ -1279,23 +1272,11 @@ def store_migrate(
     only when every step succeeded, so a failure leaves the store as it was."""
     import duckdb
 
-    from equipoise.evaluators.store import (
-        DuckDBVersionError,
-        StoreLockedError,
-        StoreOutdatedError,
-        migrate_store,
-    )
+    from equipoise.evaluators.store import StoreError, migrate_store
 
     try:
         before, after = migrate_store(store)
-    except (
-        FileNotFoundError,
-        StoreLockedError,
-        StoreOutdatedError,
-        DuckDBVersionError,
-        OSError,
-        duckdb.Error,
-    ) as exc:
+    except (FileNotFoundError, StoreError, OSError, duckdb.Error) as exc:
         _fail(exc)
     if before == after:
         console.print(f"{store}: already at schema v{after}; nothing to do", highlight=False)

@@ -306,6 +306,12 @@ def primary_key(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
     return list(rows[0][0])
 
 
+class StoreError(RuntimeError):
+    """A store cannot be used as asked, for a reason its message names along with the fix (an old
+    DuckDB, another writer holding the file, another schema version): what a command reports in
+    one line instead of a traceback. The subclasses say which."""
+
+
 # the oldest DuckDB the store works with. DuckDB 1.x cannot open a store file that 2.0 wrote, and
 # its parser refuses the SQL of the option conformal metrics (1.4.4 and 1.5.6 both failed
 # conformal_aps, conformal_lac and conformal_coverage_by with a syntax error at the calibration
@@ -313,7 +319,7 @@ def primary_key(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
 MIN_DUCKDB = (2, 0)
 
 
-class DuckDBVersionError(RuntimeError):
+class DuckDBVersionError(StoreError):
     """The installed DuckDB is older than :data:`MIN_DUCKDB`."""
 
 
@@ -444,7 +450,7 @@ def memory_limit_chosen(con: duckdb.DuckDBPyConnection) -> bool:
     return bool(scalar(con, f"SELECT coalesce(getvariable('{MEMORY_LIMIT_VAR}'), false)"))
 
 
-class StoreLockedError(RuntimeError):
+class StoreLockedError(StoreError):
     """Another process holds the store's write lock (DuckDB allows one writer per file)."""
 
 
@@ -506,7 +512,7 @@ def connect(
     return con
 
 
-class StoreOutdatedError(RuntimeError):
+class StoreOutdatedError(StoreError):
     """The store was written by another schema version; the message names the fix."""
 
 
