@@ -58,29 +58,32 @@ JEMALLOC_CONF = "stats_print:true,stats_print_opts:gblxea"  # only the merged ar
 _DIRTY = re.compile(r"^\s*dirty:\s+\S+\s+\d+\s+(\d+)\s+(\d+)\s+(\d+)\s*$", re.MULTILINE)
 
 
+def _assignments(text: str, items: list[str], name_pattern: str, form: str) -> list[tuple[str, str]]:
+    """``items`` of configuration ``text`` as (name, value) pairs split at the first ``=``; an item
+    without one, or whose name does not match ``name_pattern``, is refused (``form`` says what was
+    expected)."""
+    pairs = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(name_pattern, name):
+            raise SystemExit(f"--config {text!r}: {item!r} is not {form}")
+        pairs.append((name, value))
+    return pairs
+
+
 def parse_env(text: str) -> dict[str, str]:
     """The environment part of a configuration (after ``|``): ``VAR=VALUE&...`` -> {VAR: VALUE}."""
     if "|" not in text:
         return {}
-    env = {}
-    for item in text.split("|", 1)[1].split("&"):
-        name, sep, value = item.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise SystemExit(f"--config {text!r}: {item!r} is not VAR=VALUE")
-        env[name] = value
-    return env
+    items = text.split("|", 1)[1].split("&")
+    return dict(_assignments(text, items, r"[A-Za-z_][A-Za-z0-9_]*", "VAR=VALUE"))
 
 
 def parse_config(text: str) -> tuple[str | None, list[tuple[str, str]]]:
     """``LIMIT[;NAME=VALUE...][|VAR=VALUE&...]`` -> (memory limit or None for the pass's own cap,
     SET pairs); the environment part is ``parse_env``'s."""
     limit, *sets = [part.strip() for part in text.split("|", 1)[0].split(";")]
-    pairs = []
-    for s in sets:
-        name, sep, value = s.partition("=")
-        if not sep or not re.fullmatch(r"[a-z_]+", name.strip()):
-            raise SystemExit(f"--config {text!r}: {s!r} is not NAME=VALUE")
-        pairs.append((name.strip(), value.strip()))
+    pairs = [(n.strip(), v.strip()) for n, v in _assignments(text, sets, r"\s*[a-z_]+\s*", "NAME=VALUE")]
     if not limit:
         raise SystemExit(f"--config {text!r}: no limit (use 'default' for the pass's own cap)")
     return (None if limit == "default" else limit), pairs
