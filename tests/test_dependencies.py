@@ -16,9 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
-# declared for what they bring besides an import: none today. A name here needs its reason.
-NOT_IMPORTED_ON_PURPOSE: dict[str, str] = {}
-
 
 def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -79,7 +76,7 @@ def test_every_imported_library_is_declared() -> None:
 def test_every_declared_dependency_is_imported() -> None:
     used = set().union(*_providers(_imported_top_levels()).values())
     declared = _declared(PYPROJECT["project"]["dependencies"])
-    unused = sorted(declared - used - set(NOT_IMPORTED_ON_PURPOSE))
+    unused = sorted(declared - used)
     assert not unused, (
         f"declared in [project.dependencies] but never imported by equipoise/: {unused}; "
         "a test or benchmark dependency belongs in the dev extra"
