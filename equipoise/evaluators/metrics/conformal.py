@@ -890,9 +890,15 @@ def _inline_mask(
 
 def _row_relation(con: duckdb.DuckDBPyConnection, relation: str) -> str:
     """The table holding base relation ``relation`` on a connection with fixed base relations, so
-    that its ``rowid`` can be read: the store's fact table when the facts are in use (the TEMP view
-    over it has no rowid), else the connection's TEMP table of that name."""
-    return f"main.facts_{relation}" if uses_facts(con) else relation
+    that its ``rowid`` can be read: the connection's TEMP table of that name, or over the store's
+    facts ``facts_scored`` for ``scored`` (the TEMP view over it has no rowid). Over the facts no
+    query asks for ``sample_probs`` rowids (the option units are ``_coded`` there and read the
+    scores from ``facts_scored``), and that relation has no table of its own (facts.FACTS_FORMAT 8)."""
+    if not uses_facts(con):
+        return relation
+    if relation != "scored":
+        raise ValueError(f"over the store's facts, {relation!r} has no table of its own to read rowids from")
+    return "main.facts_scored"
 
 
 def _mask_identity_sql(con: duckdb.DuckDBPyConnection, values: dict) -> str:

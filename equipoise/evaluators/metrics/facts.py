@@ -7,16 +7,14 @@ are facts of the stored rows, not of a metric, so a writer computes them once, i
 DuckDB pass, into ordinary tables of the store (:func:`refresh`):
 
 - ``facts_scored``            = the ``scored_probs`` relation (``sql/scored_probs.sql``: one row per
-  prediction sample, the ``scored`` relation plus the sample's chosen- and target-option probability,
-  scored-option count and multi-class Brier term from ``facts_sample_probs``, so that the
-  calibration metrics read them without a join on the sample's key, the sample's conformal LAC /
-  APS scores, and ``item_code``, the item_id's rank among the items (``_item_codes_sql``), the
-  integer key of conformal's option mask; readers get ``scored`` as this table without those columns);
+  prediction sample, the ``scored`` relation plus the columns of the ``sample_probs`` relation
+  (``sql/sample_probs.sql``: the sample's chosen- and target-option probability, scored-option
+  count, multi-class Brier term and the conformal LAC / APS score of every option and of the
+  target), so that the calibration and conformal metrics read them without a join on the sample's
+  key, and ``item_code``, the item_id's rank among the items (``_item_codes_sql``), the integer key
+  of conformal's option mask; readers get ``scored`` as this table without those columns, and
+  ``sample_probs`` as its rows with option scores and those columns (``registry.read_facts``);
 - ``facts_option_probs``      = the ``option_probs`` relation (one row per scored option);
-- ``facts_sample_probs``      = the ``sample_probs`` relation (``sql/sample_probs.sql``: per sample,
-  chosen- and target-option probability, the multi-class Brier term and the conformal LAC / APS
-  score of every option and of the target, so that the calibration and conformal metrics join one
-  row per sample instead of searching or aggregating ``option_probs``);
 - ``facts_unc_scores_<pool>`` = the per-item uncertainty scores with every stratum, per pool, and
   each item's md5 split bits and rank in its run (``uncertainty.fact_scores_sql``);
 - on the first sample's row of each run x item in ``facts_scored``, the pool of its samples that
@@ -64,11 +62,11 @@ POOLS: tuple[str, ...] = ("item", "base")
 FACT_TABLES: tuple[str, ...] = (
     "facts_scored",
     "facts_option_probs",
-    "facts_sample_probs",
     *(f"facts_unc_scores_{p}" for p in POOLS),
 )
-# fact tables of older formats, dropped by a full refresh (7: the pools moved into facts_scored)
-OBSOLETE_TABLES: tuple[str, ...] = ("facts_sampling_pools",)
+# fact tables of older formats, dropped by a full refresh (7: the pools moved into facts_scored;
+# 8: the per-sample facts are only columns of facts_scored)
+OBSOLETE_TABLES: tuple[str, ...] = ("facts_sampling_pools", "facts_sample_probs")
 META_KEY = "facts_fingerprint"
 # Predictions per batch of a refresh: runs are computed in batches of about this many predictions
 # (whole runs, in (model, run_id) order, see _batches; a larger run is a batch alone). Why:
@@ -98,8 +96,12 @@ REFRESH_MEMORY_LIMIT = 2 * 2**30
 # tables, which was not built nor measured at 10M yet; 6: facts_sampling_pools holds the integer
 # item code too (conformal_sampling joins its pools to the option mask by run_id and that code, not
 # by the item_id string); 7: the pools of facts_sampling_pools are columns of facts_scored, on each
-# pool's first sample row (that table is dropped), so they join the option mask by rowid
-FACTS_FORMAT = 7
+# pool's first sample row (that table is dropped), so they join the option mask by rowid; 8:
+# facts_sample_probs is no longer stored. No metric read it (a pass over a 1M store whose copy of
+# it was emptied wrote the same bytes for all 30 metrics, benchmarks/RESULTS.md stop 31), yet it
+# was 84.5 of the store's 519 MiB at 1M predictions; each refresh batch now holds it as a TEMP
+# table while it fills facts_scored, and readers get sample_probs from facts_scored
+FACTS_FORMAT = 8
 
 
 def _definitions() -> str:
@@ -271,13 +273,16 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
             f"""CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM scored_live{where};
                CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs{where};"""
         )
-        fill("facts_sample_probs", sample_probs_sql())
+        # the batch's per-sample facts, held only until facts_scored has them as columns (no
+        # reader needs a table of their own: registry.read_facts serves sample_probs from
+        # facts_scored); a TEMP table, not a view, so the per-sample aggregate runs once
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE _facts_sample_probs AS {sample_probs_sql()};
+               CREATE OR REPLACE TEMP VIEW sample_probs AS SELECT * FROM _facts_sample_probs;"""
+        )
         # facts_scored = scored_probs: `scored` plus the per-sample columns the calibration metrics
         # read, joined here once per store instead of once per metrics pass (registry.prepare
         # gives readers `scored` without them)
-        con.execute(
-            f"CREATE OR REPLACE TEMP VIEW sample_probs AS SELECT * FROM main.facts_sample_probs{where}"
-        )
         # per run x item: the sample pools of conformal_sampling (pool 'item'), written onto each
         # pool's first sample row in the same statement that writes facts_scored (an UPDATE of list
         # columns would delete and reinsert the rows, moving the rowids the option mask keys by)
@@ -300,7 +305,8 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
     finally:
         con.execute(
             """DROP TABLE IF EXISTS _facts_pools;
-               DROP VIEW IF EXISTS scored; DROP VIEW IF EXISTS option_probs; DROP VIEW IF EXISTS sample_probs;
+               DROP VIEW IF EXISTS sample_probs; DROP TABLE IF EXISTS _facts_sample_probs;
+               DROP VIEW IF EXISTS scored; DROP VIEW IF EXISTS option_probs;
                DROP VIEW IF EXISTS scored_live; DROP VIEW IF EXISTS option_probs_live;"""
         )
 

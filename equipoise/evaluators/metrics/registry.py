@@ -201,12 +201,16 @@ def read_facts(con: duckdb.DuckDBPyConnection) -> None:
     """Point the connection's base relations at the store's fact tables, unchecked: for ``prepare``
     once it found them current, and for a further connection to the same database in the same pass
     (``pass_runner``: the check reads every run's fingerprint again, 0.36 s at 1M predictions, loaded)."""
-    # each base relation is stored as the fact table of its name (facts.FACT_TABLES);
-    # facts_scored also holds the per-sample columns of scored_probs, which `scored` leaves out
-    views = "".join(
-        f"CREATE OR REPLACE TEMP VIEW {r} AS SELECT * FROM main.facts_{r};\n"
-        for r in BASE_RELATIONS
-        if r != "scored"
+    # option_probs is stored as the fact table of its name (facts.FACT_TABLES); facts_scored holds
+    # `scored` plus the per-sample columns of scored_probs, which `scored` leaves out, and those
+    # columns are `sample_probs` on the rows that have option scores (n_scored is NULL exactly
+    # where sample_probs has no row: scored_probs joins it with a LEFT JOIN, and a sample_probs row
+    # counts at least one option)
+    views = "CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs;\n"
+    views += (
+        "CREATE OR REPLACE TEMP VIEW sample_probs AS "
+        f"SELECT run_id, item_id, sample_index, {', '.join(SCORED_PROBS_COLUMNS)} "
+        "FROM main.facts_scored WHERE n_scored IS NOT NULL;\n"
     )
     views += (
         f"CREATE OR REPLACE TEMP VIEW scored AS SELECT * EXCLUDE ({', '.join(FACT_ONLY_COLUMNS)}) "
