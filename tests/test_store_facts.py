@@ -175,7 +175,7 @@ def _fact_frames(path: Path) -> dict[str, pd.DataFrame]:
         out = {}
         for t in facts.FACT_TABLES:
             df = con.execute(f"SELECT * FROM main.{t}").df()
-            # list columns (the conformal score lists of sample_probs) as tuples: sortable, and
+            # list columns (the conformal score lists of facts_scored) as tuples: sortable, and
             # compared element by element, exactly
             for c in df.columns:
                 if df[c].map(lambda v: isinstance(v, (list, np.ndarray))).any():
@@ -661,3 +661,63 @@ def test_item_code_is_the_rank_of_item_id_among_the_items_and_readers_never_see_
     cols = {r[0] for r in ro.execute("DESCRIBE scored").fetchall()}
     ro.close()
     assert ITEM_CODE not in cols and not cols & set(SCORED_PROBS_COLUMNS)
+
+
+def test_sample_probs_over_the_facts_equals_the_relation_computed_from_the_source_tables(
+    store: Path, fact_store: Path
+) -> None:
+    """From facts format 8 no table holds ``sample_probs``: over current facts it is the rows of
+    facts_scored that have option scores (``registry.read_facts``). Those rows and values must be
+    the relation ``sql/sample_probs.sql`` computes from the source tables, row for row and bit for
+    bit: no metric of a pass reads it any more, so nothing else would notice a difference."""
+    query = "SELECT * FROM sample_probs ORDER BY run_id, item_id, sample_index"
+    live = connect(store, read_only=True)
+    prepare(live, materialize=True)
+    assert not uses_facts(live)  # the module's store has no facts: computed from the tables
+    want = live.execute(query).df()
+    live.close()
+    ro = connect(fact_store, read_only=True)
+    prepare(ro, materialize=True)
+    assert uses_facts(ro)
+    got = ro.execute(query).df()
+    ro.close()
+    assert len(want) > 100 and want["aps_scores"].map(len).sum() > 0
+    assert list(got.columns) == list(want.columns)
+    for df in (got, want):  # list cells as tuples, compared element by element
+        for c in ("lac_scores", "aps_scores"):
+            df[c] = df[c].map(tuple)
+    pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_a_refresh_drops_the_per_sample_fact_table_of_format_7(fact_store: Path, tmp_path: Path) -> None:
+    """A store whose facts were written by format 7 holds ``facts_sample_probs``; its facts are
+    not current for format 8 (the format is part of the fingerprint), the refresh that follows
+    recomputes everything and drops that table (``facts.OBSOLETE_TABLES``), and the facts are
+    then current without it."""
+    path = tmp_path / "f7.duckdb"
+    path.write_bytes(fact_store.read_bytes())
+    con = connect(path)
+    con.execute("CREATE TABLE main.facts_sample_probs AS SELECT 1 AS x")  # format 7's table
+    con.execute("UPDATE main.store_meta SET value = 'format-7' WHERE key = ?", [facts.SHARED_KEY])
+    con.execute("UPDATE main.store_meta SET value = 'format-7' WHERE key = ?", [facts.META_KEY])
+    assert facts.current(con) is None
+    assert facts.refresh(con) is True
+    tables = facts._main_tables(con)
+    assert "facts_sample_probs" not in tables and set(facts.FACT_TABLES) <= tables
+    assert facts.current(con) is not None
+    con.close()
+
+
+def test_no_sample_probs_rowids_are_read_over_the_facts(fact_store: Path) -> None:
+    """Over the facts, conformal reads option units from facts_scored (``_coded``); asking for
+    ``sample_probs`` rowids there is an error, not a read of a table that format 8 no longer has."""
+    from equipoise.evaluators.metrics.conformal import _coded, _row_relation
+
+    ro = connect(fact_store, read_only=True)
+    prepare(ro, materialize=True)
+    try:
+        assert _coded(ro) and _row_relation(ro, "scored") == "main.facts_scored"
+        with pytest.raises(ValueError, match="no table of its own"):
+            _row_relation(ro, "sample_probs")
+    finally:
+        ro.close()

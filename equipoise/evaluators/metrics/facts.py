@@ -92,14 +92,13 @@ REFRESH_MEMORY_LIMIT = 2 * 2**30
 # facts_scored holds the conformal LAC / APS scores of its sample and the integer item code. Those
 # score lists are then stored twice: facts_sample_probs keeps its copy, which no reader of the facts
 # uses (the conformal metrics read facts_scored), about a tenth of the store at 1M predictions (745
-# -> 823 MiB). Dropping it needs each batch's sample_probs held once (a TEMP table) to fill both
-# tables, which was not built nor measured at 10M yet; 6: facts_sampling_pools holds the integer
+# -> 823 MiB); format 8 dropped it; 6: facts_sampling_pools holds the integer
 # item code too (conformal_sampling joins its pools to the option mask by run_id and that code, not
 # by the item_id string); 7: the pools of facts_sampling_pools are columns of facts_scored, on each
 # pool's first sample row (that table is dropped), so they join the option mask by rowid; 8:
 # facts_sample_probs is no longer stored. No metric read it (a pass over a 1M store whose copy of
 # it was emptied wrote the same bytes for all 30 metrics, benchmarks/RESULTS.md stop 31), yet it
-# was 84.5 of the store's 519 MiB at 1M predictions; each refresh batch now holds it as a TEMP
+# was 84.5 MiB of the store's 519 MiB at 1M predictions; each refresh batch now holds it as a TEMP
 # table while it fills facts_scored, and readers get sample_probs from facts_scored
 FACTS_FORMAT = 8
 
@@ -268,7 +267,7 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
     try:
         fill("facts_option_probs", f"SELECT * FROM option_probs_live{where}")
         # per sample, from the option probabilities just written and the live `scored` (it reads
-        # three columns of it; facts_scored does not exist yet, as it holds these facts itself)
+        # three columns of it; not facts_scored, which gets these facts from it below)
         con.execute(
             f"""CREATE OR REPLACE TEMP VIEW scored AS SELECT * FROM scored_live{where};
                CREATE OR REPLACE TEMP VIEW option_probs AS SELECT * FROM main.facts_option_probs{where};"""
@@ -280,9 +279,6 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
             f"""CREATE OR REPLACE TEMP TABLE _facts_sample_probs AS {sample_probs_sql()};
                CREATE OR REPLACE TEMP VIEW sample_probs AS SELECT * FROM _facts_sample_probs;"""
         )
-        # facts_scored = scored_probs: `scored` plus the per-sample columns the calibration metrics
-        # read, joined here once per store instead of once per metrics pass (registry.prepare
-        # gives readers `scored` without them)
         # per run x item: the sample pools of conformal_sampling (pool 'item'), written onto each
         # pool's first sample row in the same statement that writes facts_scored (an UPDATE of list
         # columns would delete and reinsert the rows, moving the rowids the option mask keys by)
@@ -290,6 +286,9 @@ def _compute(con: duckdb.DuckDBPyConnection, todo: str | None, create: bool) -> 
         pool_cols = ", ".join(
             f"p.{f} AS {c}" for f, c in zip(POOL_FACT_FIELDS, POOL_FACT_COLUMNS, strict=True)
         )
+        # facts_scored = scored_probs: `scored` plus the per-sample columns the calibration metrics
+        # read, joined here once per store instead of once per metrics pass (registry.prepare
+        # gives readers `scored` without them)
         fill(
             "facts_scored",
             f"""SELECT q.*, {pool_cols} FROM ({_item_codes_sql(scored_probs_sql())}) q
