@@ -298,11 +298,13 @@ def test_cli_jobs_is_refused_below_one_lane_and_without_out(store: Path, tmp_pat
     assert f"Default: {pass_runner.DEFAULT_JOBS}." in " ".join(help_text.split()).replace("│", "")
 
 
-def test_a_full_pass_imports_neither_scipy_nor_scikit_learn(store: Path, tmp_path: Path) -> None:
+def test_a_full_pass_imports_neither_scipy_nor_scikit_learn_nor_pandas(store: Path, tmp_path: Path) -> None:
     """The metrics compute their tests and fits themselves (``metrics.exact_tests``, the combiners'
     Newton / closed-form fits): scipy and scikit-learn held about 80 MiB of the pass process's RSS,
-    memory that the pass's cap (``registry.pass_memory_cap``) now gives to DuckDB instead. A fresh
-    interpreter, so that what other tests imported does not hide an import."""
+    memory that the pass's cap (``registry.pass_memory_cap``) now gives to DuckDB instead. The
+    same for pandas and the pyarrow it imports (about 70 MiB): the metrics that do Python work
+    return numpy columns that DuckDB writes (``metrics.columns``). A fresh interpreter, so that
+    what other tests imported does not hide an import."""
     import subprocess
     import sys
 
@@ -317,7 +319,8 @@ def test_a_full_pass_imports_neither_scipy_nor_scikit_learn(store: Path, tmp_pat
         "done = run_pass(con, {n: out / f'{n}.parquet' for n in metric_names()}, jobs=2)\n"
         "con.close()\n"
         "assert sorted(d.name for d in done) == metric_names()\n"
-        "print(sorted(m for m in ('scipy', 'sklearn', 'statsmodels') if m in sys.modules))\n"
+        "heavy = ('scipy', 'sklearn', 'statsmodels', 'pandas', 'pyarrow')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     root = Path(__file__).resolve().parents[1]  # this checkout's package, installed or not
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=root)

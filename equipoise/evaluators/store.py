@@ -37,13 +37,15 @@ import re
 import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import duckdb
-import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from equipoise.schemas.features import to_table
+
+if TYPE_CHECKING:  # the writers get Arrow tables from their callers; a reader never imports pyarrow
+    import pyarrow as pa
 
 SCHEMA_VERSION = 2
 

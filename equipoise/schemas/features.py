@@ -3,27 +3,29 @@
 Scalars, literals, optionals, nested models (structs) and lists of either are mapped; a dict-valued
 field is not (store canonical JSON in a ``*_json`` string instead), because Arrow struct keys are
 fixed while dict keys are not.
+
+pyarrow is imported by the functions that build Arrow objects, not by this module: the store
+imports ``to_table`` for its writes, and a metrics pass, which reads the store and never writes
+an Arrow table, should not hold pyarrow's memory (equipoise/evaluators/metrics/columns.py).
 """
 
 from __future__ import annotations
 
 import types
 import typing
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import pyarrow as pa
 from pydantic import BaseModel
 
-_SCALARS: dict[Any, pa.DataType] = {
-    str: pa.string(),
-    int: pa.int64(),
-    float: pa.float64(),
-    bool: pa.bool_(),
-}
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def _arrow_type(annotation: Any, where: str) -> tuple[pa.DataType, bool]:
     """Return (type, nullable) for one annotation."""
+    import pyarrow as pa
+
+    scalars = {str: pa.string(), int: pa.int64(), float: pa.float64(), bool: pa.bool_()}
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -42,8 +44,8 @@ def _arrow_type(annotation: Any, where: str) -> tuple[pa.DataType, bool]:
     if origin is list:
         inner, _ = _arrow_type(args[0], where)
         return pa.list_(inner), False
-    if annotation in _SCALARS:
-        return _SCALARS[annotation], False
+    if annotation in scalars:
+        return scalars[annotation], False
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return pa.struct(list(arrow_schema(annotation))), False
     raise TypeError(f"{where}: cannot map {annotation!r} to an Arrow type")
@@ -51,6 +53,8 @@ def _arrow_type(annotation: Any, where: str) -> tuple[pa.DataType, bool]:
 
 def arrow_schema(model: type[BaseModel]) -> pa.Schema:
     """Arrow schema for a flat pydantic model, fields in declaration order."""
+    import pyarrow as pa
+
     fields = []
     for name, info in model.model_fields.items():
         t, nullable = _arrow_type(info.annotation, f"{model.__name__}.{name}")
@@ -60,6 +64,8 @@ def arrow_schema(model: type[BaseModel]) -> pa.Schema:
 
 def to_table(model: type[BaseModel], rows: list[BaseModel]) -> pa.Table:
     """Rows -> Arrow table with the model's schema (validated models only)."""
+    import pyarrow as pa
+
     schema = arrow_schema(model)
     return pa.Table.from_pylist([r.model_dump(mode="python") for r in rows], schema=schema)
 

@@ -31,11 +31,14 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
-import pandas as pd
 
 from equipoise.evaluators.metrics import facts
+
+if TYPE_CHECKING:  # imported where a frame is read or written: a metrics pass imports this module
+    import pandas as pd
 
 CACHE_FORMAT = 1
 
@@ -101,6 +104,8 @@ def get(store: Path, k: str) -> pd.DataFrame | None:
     p = path_for(store, k)
     if not p.exists():
         return None
+    import pandas as pd
+
     try:
         return pd.read_parquet(p)
     except (OSError, ValueError):

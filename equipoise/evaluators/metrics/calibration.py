@@ -54,8 +54,8 @@ import hashlib
 from collections.abc import Callable, Sequence
 
 import duckdb
-import pandas as pd
 
+from equipoise.evaluators.metrics import columns
 from equipoise.evaluators.metrics.registry import (
     PER_ITEM_DICTIONARY_LIMIT,
     REGISTRY,
@@ -281,8 +281,8 @@ def _sql_of(name: str) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], di
 
 
 def _runner(
-    name: str, columns: Sequence[str]
-) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], pd.DataFrame]:
+    name: str, kept: Sequence[str]
+) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], columns.Columns]:
     """For metrics that share one query and keep some of its columns (aurc, prr: one row per group).
 
     On a connection with fixed base relations the shared query's rows (one per group) are kept in
@@ -291,12 +291,13 @@ def _runner(
     """
     sql = _sql_of(name)
 
-    def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
         query = sql(con, by, params)
         if _materialized(con):
             table = cached_table(con, f"_cal_selective_{_cache_key(_params(params), _check_by(by))}", query)
             query = f"SELECT * FROM {table} ORDER BY ALL"
-        return con.execute(query).df()[[*by, *columns]]
+        got = columns.fetch(con, query)
+        return {c: got[c] for c in [*by, *kept]}
 
     return run
 

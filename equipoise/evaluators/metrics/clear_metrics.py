@@ -41,8 +41,8 @@ import re
 from collections.abc import Callable, Sequence
 
 import duckdb
-import pandas as pd
 
+from equipoise.evaluators.metrics import columns
 from equipoise.evaluators.metrics.registry import REGISTRY, Metric, register, render_sql
 
 _SUITE_RE = re.compile(r"^(\*|[A-Za-z0-9_.-]+)$")
@@ -59,30 +59,30 @@ def _refuse_unknown(name: str, params: dict, allowed: Sequence[str]) -> None:
 
 def _keyed(
     name: str, fixed: Sequence[str]
-) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], pd.DataFrame]:
+) -> Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], columns.Columns]:
     """compute_fn for a metric whose SQL always groups by ``fixed`` after the caller's ``by``; the
     fixed keys are dropped from ``by`` so asking for them neither duplicates nor breaks a column."""
 
-    def fn(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    def fn(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
         _refuse_unknown(name, params, ())
         by = [b for b in by if b not in fixed]
         # the per-item step keeps only the strata of this grouping (any_value over the item's key;
         # run_id, part of that key, it has as it is; item_id is no stratum, refused with ``by``)
         keep = [b for b in dict.fromkeys(by) if b != "run_id"]
         by_any = "".join(f"any_value({b}) AS {b}, " for b in keep)
-        return con.execute(render_sql(REGISTRY[name], by, {"by_any": by_any})).df()
+        return columns.fetch(con, render_sql(REGISTRY[name], by, {"by_any": by_any}))
 
     return fn
 
 
-def _chance(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _chance(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
     """chance_baseline: validate ``suite`` (a suite name or '*') and bind it as a query parameter."""
     _refuse_unknown("chance_baseline", params, ("suite",))
     suite = params.get("suite", "clear")
     if not isinstance(suite, str) or not _SUITE_RE.match(suite):
         raise ValueError(f"chance_baseline: bad suite {suite!r}; expected a suite name or '*'")
     sql = render_sql(REGISTRY["chance_baseline"], by, {})
-    return con.execute(sql, {"suite": suite}).df()
+    return columns.fetch(con, sql, {"suite": suite})
 
 
 register(

@@ -109,8 +109,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 import duckdb
-import pandas as pd
 
+from equipoise.evaluators.metrics import columns
 from equipoise.evaluators.metrics.registry import (
     ITEM_CODE,
     POOL_FACT_COLUMNS,
@@ -1409,18 +1409,18 @@ def _run_query(
     cov: str | None,
     summary: str,
     **summary_values: object,
-) -> pd.DataFrame:
+) -> columns.Columns:
     """Run a metric's query, reading the connection's shared option mask where it may
     (``_query``'s ``share_mask``); if the check column says the pools were not the mask's units
     (or there is no row to say it), the result is discarded and the query with the metric's own
     inline mask gives it."""
-    df = con.execute(_query(score, by, params, con, cov, summary, True, **summary_values)).df()
-    if _MASK_OK not in df.columns:
-        return df
-    ok = len(df) > 0 and bool(df[_MASK_OK].all())
+    got = columns.fetch(con, _query(score, by, params, con, cov, summary, True, **summary_values))
+    if _MASK_OK not in got:
+        return got
+    ok = columns.n_rows(got) > 0 and all(v is True for v in columns.values(got[_MASK_OK]))
     if ok:
-        return df.drop(columns=[_MASK_OK])
-    return con.execute(_query(score, by, params, con, cov, summary, **summary_values)).df()
+        return {k: v for k, v in got.items() if k != _MASK_OK}
+    return columns.fetch(con, _query(score, by, params, con, cov, summary, **summary_values))
 
 
 def _summary(score: str) -> str:
@@ -1440,7 +1440,7 @@ def _coverage_by_args(by: Sequence[str], params: dict) -> tuple[str, str]:
 
 
 def _runner(score: str):
-    def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+    def run(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
         prepare(con)
         _prepare_pools(con, score, params)
         return _run_query(con, score, by, params, None, _summary(score))
@@ -1448,7 +1448,7 @@ def _runner(score: str):
     return run
 
 
-def _coverage_by(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _coverage_by(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
     prepare(con)
     score, cov = _coverage_by_args(by, params)
     _prepare_pools(con, score, params)

@@ -58,8 +58,8 @@ from collections.abc import Sequence
 
 import duckdb
 import numpy as np
-import pandas as pd
 
+from equipoise.evaluators.metrics import columns
 from equipoise.evaluators.metrics.exact_tests import fisher_exact_2x2, spearman_rho_p
 from equipoise.evaluators.metrics.registry import REGISTRY, Metric, register, render_sql
 
@@ -88,8 +88,8 @@ def _alpha(params: dict) -> float:
 
 
 def _per_condition(name: str):
-    def fn(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
-        return con.execute(render_sql(REGISTRY[name], _without(by, ["condition"]), params)).df()
+    def fn(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
+        return columns.fetch(con, render_sql(REGISTRY[name], _without(by, ["condition"]), params))
 
     return fn
 
@@ -101,22 +101,28 @@ def fisher_table_p(n_correct: int, n: int, n_correct_ref: int, n_ref: int) -> tu
     return fisher_exact_2x2(n_correct, n - n_correct, n_correct_ref, n_ref - n_correct_ref)
 
 
-def _fisher(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _share(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
+    """part / whole as floats, NaN where whole is 0."""
+    part, whole = np.asarray(part, dtype=float), np.asarray(whole, dtype=float)
+    return np.divide(part, whole, out=np.full(len(whole), np.nan), where=whole > 0)
+
+
+def _fisher(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
     by = _refuse("determinability_fisher", by, ["condition", "variant"])
     alpha = _alpha(params)
-    df = con.execute(render_sql(REGISTRY["determinability_fisher"], by, params)).df()
+    out = columns.fetch(con, render_sql(REGISTRY["determinability_fisher"], by, params))
+    nc, n, ncr, nr = (out[c] for c in ("n_correct", "n", "n_correct_complete", "n_complete"))
     # one exact test per aggregated row (groups x 2): a loop over the small result, not over rows
     tests = [
-        fisher_table_p(int(a), int(n), int(ar), int(nr))
-        for a, n, ar, nr in zip(df.n_correct, df.n, df.n_correct_complete, df.n_complete, strict=True)
+        fisher_table_p(int(a), int(b), int(c), int(d)) for a, b, c, d in zip(nc, n, ncr, nr, strict=True)
     ]
-    df["accuracy"] = df.n_correct / df.n.where(df.n > 0)
-    df["accuracy_complete"] = df.n_correct_complete / df.n_complete.where(df.n_complete > 0)
-    df["accuracy_difference"] = df.accuracy - df.accuracy_complete
-    df["odds_ratio"] = [t[0] for t in tests]
-    df["p_value"] = [t[1] for t in tests]
-    df["significant"] = (df.p_value <= alpha).where(df.p_value.notna())
-    return df
+    out["accuracy"] = _share(nc, n)
+    out["accuracy_complete"] = _share(ncr, nr)
+    out["accuracy_difference"] = out["accuracy"] - out["accuracy_complete"]
+    out["odds_ratio"] = np.array([t[0] for t in tests], dtype=float)
+    out["p_value"] = p = np.array([t[1] for t in tests], dtype=float)
+    out["significant"] = columns.where_valid(p <= alpha, ~np.isnan(p))
+    return out
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -126,24 +132,22 @@ def spearman(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return spearman_rho_p(x, y)
 
 
-def _tradeoff(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _tradeoff(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
     by = _refuse("determinability_tradeoff", by, ["condition", "variant"])
     alpha = _alpha(params)
-    pts = con.execute(render_sql(REGISTRY["determinability_tradeoff"], by, params)).df()
-    ok = pts.acc_determinable.notna() & pts.acc_undeterminable.notna()
-    x = pts.acc_determinable[ok].to_numpy(float)
-    y = pts.acc_undeterminable[ok].to_numpy(float)
-    rho, p = spearman(x, y)
-    return pd.DataFrame(
-        {
-            "points_by": [", ".join(by)],
-            "n_points": [int(ok.sum())],
-            "n_groups_dropped": [int((~ok).sum())],
-            "spearman_rho": [rho],
-            "p_value": [p],
-            "significant": [None if np.isnan(p) else bool(p <= alpha)],
-        }
-    )
+    pts = columns.fetch(con, render_sql(REGISTRY["determinability_tradeoff"], by, params))
+    det = np.asarray(pts["acc_determinable"], dtype=float)
+    undet = np.asarray(pts["acc_undeterminable"], dtype=float)
+    ok = ~np.isnan(det) & ~np.isnan(undet)
+    rho, p = spearman(det[ok], undet[ok])
+    return {
+        "points_by": np.array([", ".join(by)], dtype=object),
+        "n_points": np.array([int(ok.sum())], dtype=np.int64),
+        "n_groups_dropped": np.array([int((~ok).sum())], dtype=np.int64),
+        "spearman_rho": np.array([rho], dtype=float),
+        "p_value": np.array([p], dtype=float),
+        "significant": columns.where_valid(np.array([p <= alpha]), np.array([not np.isnan(p)])),
+    }
 
 
 register(

@@ -2,7 +2,7 @@
 
 Why: a pass over a store's fact tables (``equipoise metrics --out DIR``, ``equipoise report``)
 leaves cores idle. DuckDB runs each query on every core, but a metric also has single-threaded
-phases (a final sort or window, a Parquet write, pandas and numpy work on a small result), so one
+phases (a final sort or window, a Parquet write, numpy work on a small result), so one
 metric after another keeps two cores busy about 1.5 of the time (at 1M predictions: 10.4 CPU s in
 6.8 s). Two metrics at once, each on its own DuckDB connection to the same database (a
 ``cursor``; DuckDB releases the GIL while it works), fill those gaps.

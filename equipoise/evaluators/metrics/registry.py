@@ -14,15 +14,21 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
-import pandas as pd
 
-from equipoise.evaluators.metrics import facts
+from equipoise.evaluators.metrics import columns, facts
 from equipoise.evaluators.procfs import status_kib
 from equipoise.evaluators.store import scalar, sql_literal
 
+if TYPE_CHECKING:  # pandas is imported by ``compute`` alone: a metrics pass never imports it (columns.py)
+    import pandas as pd
+
 SQL_DIR = Path(__file__).parent / "sql"
+
+# a metric's Python function over its SQL (``Metric.compute_fn``): connection, grouping, parameters
+ComputeFn = Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], "columns.Columns | pd.DataFrame"]
 
 # columns of the `scored` view a metric may be grouped by
 STRATA: tuple[str, ...] = (
@@ -54,7 +60,9 @@ class Metric:
     default_by: tuple[str, ...] = ("model",)
     post: Callable[[pd.DataFrame, Sequence[str]], pd.DataFrame] | None = None
     params: dict[str, object] = field(default_factory=dict)
-    compute_fn: Callable[[duckdb.DuckDBPyConnection, Sequence[str], dict], pd.DataFrame] | None = None
+    # Python work over SQL: returns the result as columns (``columns.Columns``, what a metrics pass
+    # writes without pandas) or as a pandas frame
+    compute_fn: ComputeFn | None = None
     # when the whole result is one query: the rendered SQL (params already merged with defaults).
     # Lets `write_result` stream a result of tens of millions of rows (per-item scores) from DuckDB
     # to a file, where a pandas frame of it would need many times the store's size in memory.
@@ -239,11 +247,12 @@ PASS_MEMORY_SHARE = 0.5  # the cap as a share of the store where the process's R
 # and the pass peaked at 543 / 550 MiB over a 532 MiB file (benchmarks/RESULTS.md, stop 26)
 PASS_MEMORY_FLOOR = 128 * 2**20
 # the least own memory the cap assumes (``own_memory``): a process that has imported what a pass
-# imports (Python, DuckDB, pandas with pyarrow, pydantic, every metric module: 130 MiB) and opened a
-# store (162-166 MiB) and checked its fingerprint (175-179 MiB at 1M, 201 MiB at 10M) (stop 27). The
-# metrics import nothing large on first use any more (no scipy or scikit-learn, which added 80 MiB:
-# tests/test_pass_runner.py checks), so this only guards a caller that measures too early.
-PASS_BASELINE_MIN = 160 * 2**20
+# imports (Python, DuckDB, numpy, pydantic, every metric module: 60 MiB), opened a store (91 MiB)
+# and checked its fingerprint (95 MiB at 1M predictions), measured at stop 32 once the pass stopped
+# importing pandas and pyarrow (``columns``; with them the same steps held 130, 162-166 and 175-179
+# MiB at stop 27). The metrics import nothing large on first use (no scipy, scikit-learn, pandas or
+# pyarrow: tests/test_pass_runner.py checks), so this only guards a caller that measures too early.
+PASS_BASELINE_MIN = 88 * 2**20
 
 
 def process_rss() -> int | None:
@@ -401,10 +410,10 @@ def _lookup(con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str] | None)
     return metric, list(metric.default_by if by is None else by)
 
 
-def compute(
-    con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str] | None = None, params: dict | None = None
-) -> pd.DataFrame:
-    """Compute one registered metric, grouped by ``by`` (default: the metric's own)."""
+def _result(
+    con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str] | None, params: dict | None
+) -> columns.Columns | pd.DataFrame:
+    """Metric ``name``'s result as its function returns it: columns, or a pandas frame."""
     metric, by = _lookup(con, name, by)
     if metric.compute_fn is not None:
         return metric.compute_fn(con, _check_by(by), {**metric.params, **(params or {})})
@@ -412,6 +421,15 @@ def compute(
     if metric.post is not None:
         df = metric.post(df, by)
     return df
+
+
+def compute(
+    con: duckdb.DuckDBPyConnection, name: str, by: Sequence[str] | None = None, params: dict | None = None
+) -> pd.DataFrame:
+    """Compute one registered metric, grouped by ``by`` (default: the metric's own), as a pandas
+    frame (pandas is imported here, on first use, not by a metrics pass: see ``write_result``)."""
+    result = _result(con, name, by, params)
+    return columns.to_frame(con, result) if isinstance(result, dict) else result
 
 
 def result_sql(
@@ -439,23 +457,28 @@ def write_result(
 
     A metric that is one query is copied by DuckDB straight to the file (``COPY ... TO``), so no
     pandas frame of it ever exists: what makes per-item tables of a 10M-prediction store fit in a
-    few GiB. Other metrics (small, aggregated results) go through ``compute`` and pandas.
+    few GiB. The other metrics (small, aggregated results) return columns of numpy arrays, which
+    DuckDB writes the same way (``columns.write``), so a pass imports neither pandas nor pyarrow;
+    a result returned as a pandas frame (a metric registered from outside this package) is written
+    by pandas.
     """
     sql = result_sql(con, name, by, params)
     path = Path(path)
     csv = path.suffix.lower() == ".csv"
-    if sql is None:
-        df = compute(con, name, by, params)
-        if csv:
-            df.to_csv(path, index=False)
-        else:
-            df.to_parquet(path, index=False)
-        return len(df)
-    quoted = sql_literal(str(path))
     fmt = "FORMAT csv, HEADER true" if csv else "FORMAT parquet"
     limit = REGISTRY[name].parquet_dictionary_limit
     if not csv and limit is not None:
         fmt += f", DICTIONARY_SIZE_LIMIT {int(limit)}"
+    if sql is None:
+        result = _result(con, name, by, params)
+        if isinstance(result, dict):
+            return columns.write(con, result, path, fmt)
+        if csv:
+            result.to_csv(path, index=False)
+        else:
+            result.to_parquet(path, index=False)
+        return len(result)
+    quoted = sql_literal(str(path))
     copied = con.execute(f"COPY ({sql}) TO {quoted} ({fmt})").fetchone()  # (rows written,)
     return int(copied[0]) if copied else 0
 

@@ -66,13 +66,14 @@ import functools
 import hashlib
 import itertools
 import re
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import duckdb
 import numpy as np
-import pandas as pd
 
+from equipoise.evaluators.metrics import columns
 from equipoise.evaluators.metrics.exact_tests import binom_cdf_half, chi2_sf_1df
 from equipoise.evaluators.metrics.registry import (
     ITEM_CODE,
@@ -231,7 +232,8 @@ def _seed(params: dict) -> int:
 # seeded resampling
 # ---------------------------------------------------------------------------------------------
 def _key_part(v: object) -> str:
-    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
+    pandas = sys.modules.get("pandas")  # a caller's pandas NA; a metrics pass never imports pandas
+    if v is None or (isinstance(v, float) and np.isnan(v)) or (pandas is not None and v is pandas.NA):
         return ""
     if isinstance(v, (float, np.floating)) and float(v).is_integer():
         return str(int(v))
@@ -331,10 +333,11 @@ def bootstrap_means_parts(
 # ---------------------------------------------------------------------------------------------
 # metrics
 # ---------------------------------------------------------------------------------------------
-def _flip(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _flip(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
     _check_names("flip_analysis", params)
     _pairs_view(con, params, by)
-    return con.execute(render_sql(REGISTRY["flip_analysis"], by, params)).df().drop(columns="ord")
+    got = columns.fetch(con, render_sql(REGISTRY["flip_analysis"], by, params))
+    return {k: v for k, v in got.items() if k != "ord"}
 
 
 def mcnemar_test(b: int, c: int, exact_below: int = 25) -> tuple[str, float, float]:
@@ -350,35 +353,33 @@ def mcnemar_test(b: int, c: int, exact_below: int = 25) -> tuple[str, float, flo
     return "chi2", float(stat), chi2_sf_1df(stat)
 
 
-def _mcnemar(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _mcnemar(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
     _check_names("mcnemar", params)
     alpha, exact_below = _alpha(params), _int_param(params, "exact_below", 25, 1)
     _pairs_view(con, params, by)
-    df = con.execute(render_sql(REGISTRY["mcnemar"], by, params)).df()
-    tests = [
-        mcnemar_test(int(b), int(c), exact_below)
-        for b, c in zip(df.n_correct_to_wrong, df.n_wrong_to_correct, strict=True)
-    ]
-    df["n_discordant"] = df.n_correct_to_wrong + df.n_wrong_to_correct
-    df["method"] = [t[0] for t in tests]
-    df["statistic"] = [t[1] for t in tests]
-    df["p_value"] = [t[2] for t in tests]
-    df["significant"] = df.p_value <= alpha
-    return df
+    out = columns.fetch(con, render_sql(REGISTRY["mcnemar"], by, params))
+    b, c = out["n_correct_to_wrong"], out["n_wrong_to_correct"]
+    tests = [mcnemar_test(int(x), int(y), exact_below) for x, y in zip(b, c, strict=True)]
+    out["n_discordant"] = b + c
+    out["method"] = np.array([t[0] for t in tests], dtype=object)
+    out["statistic"] = np.array([t[1] for t in tests], dtype=float)
+    out["p_value"] = np.array([t[2] for t in tests], dtype=float)
+    out["significant"] = out["p_value"] <= alpha
+    return out
 
 
 def _boot_threads(con: duckdb.DuckDBPyConnection) -> int:
     """Threads for the per-group bootstraps: DuckDB's own thread setting, so a caller who limits
     the connection's threads limits this too."""
-    row = con.execute("SELECT current_setting('threads')").fetchone()
-    return max(1, int(row[0])) if row else 1
+    threads = scalar(con, "SELECT current_setting('threads')")
+    return max(1, int(threads)) if threads is not None else 1
 
 
-def _paired_bootstrap(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _paired_bootstrap(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
     _check_names("paired_bootstrap_uncertainty", params)
     alpha, n_boot, seed = _alpha(params), _n_boot(params), _seed(params)
     _pairs_view(con, params, by)
-    df = con.execute(render_sql(REGISTRY["paired_bootstrap_uncertainty"], by, params)).df()
+    got = columns.fetch(con, render_sql(REGISTRY["paired_bootstrap_uncertainty"], by, params))
 
     # Every group draws from its own generator (group_rng), and a large group's replicates are
     # split into parts that each continue its stream at their first replicate
@@ -386,8 +387,8 @@ def _paired_bootstrap(con: duckdb.DuckDBPyConnection, by: Sequence[str], params:
     # the GIL while drawing and gathering) with results identical to a loop: with three groups on
     # two threads, whole groups would leave one thread idle for a third of the time.
     workers = _boot_threads(con)
-    keys = [tuple(k) for k in df[list(by)].itertuples(index=False)]
-    diffs = [np.asarray(d, dtype=float) for d in df.diffs]
+    keys = _keys(got, by)
+    diffs = [np.asarray([] if d is None else d, dtype=float) for d in got["diffs"]]
     split = [
         bootstrap_means_parts(d, n_boot, group_rng(seed, k), workers) if len(d) else []
         for k, d in zip(keys, diffs, strict=True)
@@ -411,17 +412,25 @@ def _paired_bootstrap(con: duckdb.DuckDBPyConnection, by: Sequence[str], params:
         return (len(d), float(d.mean()), lo, hi, p)
 
     rows = [one(d, parts) for d, parts in zip(diffs, split, strict=True)]
-    out = df.drop(columns="diffs")
-    out["n_used"] = [r[0] for r in rows]
-    out["mean_diff"] = [r[1] for r in rows]
-    out["ci_low"] = [r[2] for r in rows]
-    out["ci_high"] = [r[3] for r in rows]
-    out["p_value"] = [r[4] for r in rows]
-    out["significant"] = (out.p_value <= alpha).where(out.p_value.notna())
-    out["n_boot"] = n_boot
-    out["seed"] = seed
-    out["alpha"] = alpha
-    return out
+    out = {k: v for k, v in got.items() if k != "diffs"}
+    out["n_used"] = np.array([r[0] for r in rows], dtype=np.int64)
+    for i, name in enumerate(("mean_diff", "ci_low", "ci_high", "p_value"), start=1):
+        out[name] = np.array([r[i] for r in rows], dtype=float)
+    p = out["p_value"]
+    out["significant"] = columns.where_valid(p <= alpha, ~np.isnan(p))
+    return _echo(out, n_boot=n_boot, seed=seed, alpha=alpha)
+
+
+def _keys(got: columns.Columns, by: Sequence[str]) -> list[tuple]:
+    """Each row's values of the grouping columns ``by`` (None for NULL): the key of its generator."""
+    n = columns.n_rows(got)
+    return list(zip(*(columns.values(got[b]) for b in by), strict=True)) if by else [()] * n
+
+
+def _echo(out: columns.Columns, **params: object) -> columns.Columns:
+    """``out`` with each parameter as a column repeated on every row."""
+    n = columns.n_rows(out)
+    return {**out, **{k: columns.constant(v, n) for k, v in params.items()}}
 
 
 def multinomial_bootstrap_ratio(
@@ -451,12 +460,12 @@ def _item_key(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
     return {"source": "scored", "item_key": "item_id"}
 
 
-def _bootstrap_ci(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _bootstrap_ci(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
     _check_names("bootstrap_ci", params)
     alpha, n_boot, seed = _alpha(params), _n_boot(params), _seed(params)
-    df = con.execute(render_sql(REGISTRY["bootstrap_ci"], by, {**params, **_item_key(con)})).df()
+    got = columns.fetch(con, render_sql(REGISTRY["bootstrap_ci"], by, {**params, **_item_key(con)}))
     lows, highs = [], []
-    for key, c, m, k in zip(df[list(by)].itertuples(index=False), df.c, df.m, df.n_kind, strict=True):
+    for key, c, m, k in zip(_keys(got, by), got["c"], got["m"], got["n_kind"], strict=True):
         if not isinstance(c, (list, np.ndarray)) or len(c) == 0:  # by=[] and no predictions: one NULL row
             lows.append(np.nan)
             highs.append(np.nan)
@@ -471,13 +480,10 @@ def _bootstrap_ci(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dic
         lo, hi = percentile_ci(reps, alpha)
         lows.append(lo)
         highs.append(hi)
-    out = df.drop(columns=["c", "m", "n_kind"])
-    out["ci_low"] = lows
-    out["ci_high"] = highs
-    out["n_boot"] = n_boot
-    out["seed"] = seed
-    out["alpha"] = alpha
-    return out
+    out = {k: v for k, v in got.items() if k not in ("c", "m", "n_kind")}
+    out["ci_low"] = np.array(lows, dtype=float)
+    out["ci_high"] = np.array(highs, dtype=float)
+    return _echo(out, n_boot=n_boot, seed=seed, alpha=alpha)
 
 
 _PAIR_PARAMS = {

@@ -70,12 +70,12 @@ import hashlib
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 
+from equipoise.evaluators.metrics import columns
 from equipoise.evaluators.metrics.registry import (
     PER_ITEM_DICTIONARY_LIMIT,
     REGISTRY,
@@ -93,6 +93,9 @@ from equipoise.evaluators.metrics.registry import (
     uses_facts,
 )
 from equipoise.evaluators.store import sql_literal
+
+if TYPE_CHECKING:  # the public frame-returning helpers import it when called; a metrics pass never does
+    import pandas as pd
 
 # a statement of confidence: the word, up to 20 non-digit characters, a number, an optional '%'
 CONFIDENCE_RE = r"(?i)\bconfidence\b[^0-9\n]{0,20}?([0-9]+(?:\.[0-9]+)?)\s*(%?)"
@@ -914,12 +917,13 @@ _KEY_SHIFT = 4294967296
 
 def _features_with_gid(
     con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict, slim: bool = False
-) -> pd.DataFrame:
-    """``combiner_features`` plus ``_gid``: the group's number, 0.. in the sorted order of its values
-    (the order of pandas ``groupby(sort=True)``, NULLs last). ``slim``: only what fitting reads
-    (_gid, label, split, completeness, scaled features), sorted by _gid then (run_id, item_id): no
-    strings cross into pandas, not even the grouping values repeated on every row (their conversion
-    was about a tenth of unc_combiners' CPU); ``_group_keys`` gives those once per group.
+) -> columns.Columns:
+    """``combiner_features`` plus ``_gid``, as columns: the group's number, 0.. in the sorted
+    order of its values (the order of pandas ``groupby(sort=True)``, NULLs last). ``slim``: only
+    what fitting reads (_gid, label, split, completeness, scaled features), sorted by _gid then
+    (run_id, item_id): no strings cross into Python, not even the grouping values repeated on every
+    row (their conversion was about a tenth of unc_combiners' CPU); ``_group_keys`` gives those
+    once per group.
 
     Over the write-time fact the slim rows are not sorted by DuckDB: they carry one BIGINT
     ``_key`` = (the rank of their (group, run) pair) * 2**32 + (the item's rank in its run, the
@@ -997,11 +1001,11 @@ def _features_with_gid(
         ),
         order_by=order_by,
     )
-    df = con.execute(sql).df()
+    got = columns.fetch(con, sql)
     if keyed:
-        order = np.argsort(df["_key"].to_numpy(dtype=np.int64), kind="stable")
-        df = df.take(order).drop(columns="_key").reset_index(drop=True)
-    return df
+        order = np.argsort(np.asarray(got.pop("_key"), dtype=np.int64), kind="stable")
+        got = columns.take(got, order)
+    return got
 
 
 def _group_keys(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> list[tuple]:
@@ -1020,7 +1024,8 @@ def combiner_features(
 ) -> pd.DataFrame:
     """Per-item feature matrix (raw and train-scaled ``<feature>_scaled``), label and split."""
     params = {**REGISTRY["unc_combiners"].params, **(params or {})}
-    return _features_with_gid(con, _check_by(by), params).drop(columns="_gid")
+    got = _features_with_gid(con, _check_by(by), params)
+    return columns.to_frame(con, {k: v for k, v in got.items() if k != "_gid"})
 
 
 # ----------------------------------------------------------------------------- combiner fits
@@ -1177,11 +1182,11 @@ def _regularization(params: dict) -> tuple[float, float]:
 
 def _fit_combiners(
     con: duckdb.DuckDBPyConnection, by: list[str], params: dict, slim: bool = False
-) -> tuple[pd.DataFrame, np.ndarray, dict[str, np.ndarray], list[dict[str, object]]]:
-    """Fit the combiners per group; returns (the complete rows, sorted by group then run_id and
-    item_id; their group numbers; each combiner's prediction per row; one fit summary per group,
-    in group order, with its ``_gid``). Groups are split by their integer number, not by pandas
-    grouping on the strata strings. ``slim`` rows carry no run_id / item_id (see
+) -> tuple[columns.Columns, np.ndarray, dict[str, np.ndarray], list[dict[str, object]]]:
+    """Fit the combiners per group; returns (the complete rows as columns, sorted by group then
+    run_id and item_id; their group numbers; each combiner's prediction per row; one fit summary
+    per group, in group order, with its ``_gid``). Groups are split by their integer number, not
+    by grouping on the strata strings. ``slim`` rows carry no run_id / item_id (see
     ``_features_with_gid``)."""
     from threadpoolctl import threadpool_limits
 
@@ -1189,30 +1194,36 @@ def _fit_combiners(
     feats = _columns(params, "features", FEATURE_COLUMNS)
     xcols = [f"{f}_scaled" for f in feats]
     df = _features_with_gid(con, by, params, slim)
-    gid_all = df["_gid"].to_numpy(dtype=np.int64)
-    complete = df["complete"].to_numpy(dtype=bool)
+    n_all = columns.n_rows(df)
+    gid_all = np.asarray(df["_gid"], dtype=np.int64)
+    complete = np.asarray(df["complete"], dtype=bool)
     # group totals over every row (complete or not); the rows within a group stay in SQL order
-    n_groups = int(gid_all.max()) + 1 if len(df) else 0
+    n_groups = int(gid_all.max()) + 1 if n_all else 0
     n_rows = np.bincount(gid_all, minlength=n_groups)
     n_missing = np.bincount(gid_all[~complete], minlength=n_groups)
     if slim:
         keys = _group_keys(con, by, params)
     else:  # the key values of each group's first row
         first = np.full(n_groups, -1)
-        first[gid_all[::-1]] = np.arange(len(df))[::-1]
-        key_rows = df[by].to_numpy(dtype=object) if by else np.empty((len(df), 0), dtype=object)
-        keys = [tuple(key_rows[first[k]]) for k in range(n_groups)]
-    g_df = df[complete]
-    g_df = g_df.iloc[np.argsort(g_df["_gid"].to_numpy(dtype=np.int64), kind="stable")].reset_index(drop=True)
-    gid = g_df["_gid"].to_numpy(dtype=np.int64)
-    x = g_df[xcols].to_numpy(dtype=float)
-    y = g_df["incorrect"].to_numpy(dtype=bool).astype(int)
-    train = g_df["is_train"].to_numpy(dtype=bool)
+        first[gid_all[::-1]] = np.arange(n_all)[::-1]
+        key_values = [columns.values(df[b]) for b in by]
+        keys = [tuple(vals[first[k]] for vals in key_values) for k in range(n_groups)]
+    rows = np.flatnonzero(complete)
+    g_df = columns.take(df, rows[np.argsort(gid_all[rows], kind="stable")])
+    gid = np.asarray(g_df["_gid"], dtype=np.int64)
+    n_complete = len(gid)
+    x = (
+        np.column_stack([np.asarray(g_df[c], dtype=float) for c in xcols])
+        if xcols
+        else np.empty((n_complete, 0))
+    )
+    y = np.asarray(g_df["incorrect"], dtype=bool).astype(int)
+    train = np.asarray(g_df["is_train"], dtype=bool)
     bounds = np.searchsorted(gid, np.arange(n_groups + 1))
     preds = {
         "linear_sum": x.sum(axis=1),
-        "logistic": np.full(len(g_df), np.nan),
-        "ridge": np.full(len(g_df), np.nan),
+        "logistic": np.full(n_complete, np.nan),
+        "ridge": np.full(n_complete, np.nan),
     }
     fits: list[dict[str, object]] = []
     # One BLAS thread for the fits and predictions: with a few features every BLAS call is a small,
@@ -1261,9 +1272,12 @@ def combiner_predictions(
     leave the intercept unpenalised and are fitted to convergence, so the coefficients do not depend
     on a solver's stopping tolerance (scikit-learn's default logistic solver stops about 1e-4 short).
     """
+    import pandas as pd
+
     params = {**REGISTRY["unc_combiners"].params, **(params or {})}
     by = _check_by(by)
-    g_df, gid, preds, fits = _fit_combiners(con, by, params)
+    g_cols, gid, preds, fits = _fit_combiners(con, by, params)
+    g_df = columns.to_frame(con, g_cols)
     keep = list(dict.fromkeys([*by, "run_id", "item_id", "incorrect", "is_train"]))
     cols = [*keep, "combiner", "u"]
     parts = []
@@ -1279,19 +1293,17 @@ def combiner_predictions(
     return pred[cols], pd.DataFrame(fits).drop(columns="_gid", errors="ignore")
 
 
-def _combiners(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> pd.DataFrame:
+def _combiners(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) -> columns.Columns:
     """Per group: fit summary and coefficients, then test-split AUROC of each combiner (SQL over the
     test rows' group numbers, labels and the three predictions; no long frame is built)."""
     by = _check_by(by)
     g_df, gid, preds, fits = _fit_combiners(con, by, params, slim=True)
-    test = ~g_df["is_train"].to_numpy(dtype=bool)
-    table = pa.table(
-        {
-            "_gid": gid[test],
-            "incorrect": g_df["incorrect"].to_numpy(dtype=bool)[test],
-            **{name: preds[name][test] for name in COMBINERS},
-        }
-    )
+    test = ~np.asarray(g_df["is_train"], dtype=bool)
+    table = {
+        "_gid": gid[test],
+        "incorrect": np.asarray(g_df["incorrect"], dtype=bool)[test],
+        **{name: preds[name][test] for name in COMBINERS},
+    }
     text = (SQL_DIR / "unc_combiner_auroc.sql").read_text(encoding="utf-8")
     n = len(COMBINERS)
     # one SELECT per combiner under UNION ALL (as uncertainty._long_scores does for unc_auroc), not
@@ -1311,13 +1323,46 @@ def _combiners(con: duckdb.DuckDBPyConnection, by: Sequence[str], params: dict) 
                 f"max(auroc) FILTER (WHERE _k = {i}) AS auroc_{c}" for i, c in enumerate(COMBINERS)
             ),
         )
-        auc = con.execute(sql).df()
+        auc = columns.fetch(con, sql)
     finally:
         con.unregister("_unc_combiner_preds")
-    out = pd.DataFrame(fits)
-    if out.empty:  # no rows: the AUROC columns alone (one row of NULLs when there is no grouping)
-        return pd.DataFrame({f"auroc_{c}": [np.nan] * (0 if by else 1) for c in COMBINERS})
-    return out.merge(auc, on="_gid", how="left").drop(columns="_gid")
+    if not fits:  # no rows: the AUROC columns alone (one row of NULLs when there is no grouping)
+        return {f"auroc_{c}": np.full(0 if by else 1, np.nan) for c in COMBINERS}
+    # each group's fit summary, then its AUROCs (NaN where the test split gave none)
+    out = {k: v for k, v in _records(fits).items() if k != "_gid"}
+    at = {int(g): i for i, g in enumerate(np.asarray(auc["_gid"], dtype=np.int64))}
+    rows = np.array([at.get(int(f["_gid"]), -1) for f in fits], dtype=np.int64)
+    for name, col in auc.items():
+        if name != "_gid":
+            vals = np.asarray(col, dtype=float)
+            out[name] = np.where(rows >= 0, vals[np.maximum(rows, 0)] if len(vals) else np.nan, np.nan)
+    return out
+
+
+def _records(rows: list[dict[str, object]]) -> columns.Columns:
+    """Rows of named values as columns, as a pandas frame of them would type them: columns in order
+    of first appearance, a missing value NULL; all-integer columns int64 (float64 with NaN where a
+    value is missing), numeric ones float64, booleans bool (masked where missing), the rest text."""
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    out: columns.Columns = {}
+    for name in names:
+        vals = [r.get(name) for r in rows]
+        present = [v for v in vals if v is not None]
+        if present and all(isinstance(v, (bool, np.bool_)) for v in present):
+            out[name] = columns.where_valid(
+                np.array([bool(v) for v in vals]), np.array([v is not None for v in vals])
+            )
+        elif present and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in present):
+            out[name] = (
+                np.array(vals, dtype=np.int64)
+                if len(present) == len(vals)
+                else np.array([np.nan if v is None else v for v in vals], dtype=float)
+            )
+        elif present and all(isinstance(v, (int, float, np.integer, np.floating)) for v in present):
+            out[name] = np.array([np.nan if v is None else v for v in vals], dtype=float)
+        else:
+            out[name] = np.array(vals, dtype=object)
+    return out
 
 
 def embedding_scores(
@@ -1354,13 +1399,11 @@ def embedding_scores(
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)
         vecs = np.divide(vecs, norms, out=np.zeros_like(vecs), where=norms > 0)
     n, d = vecs.shape
-    table = pa.table(
-        {
-            "text": np.repeat(np.array(texts, dtype=object), d) if n else np.array([], dtype=object),
-            "d": np.tile(np.arange(d, dtype=np.int32), n),
-            "v": vecs.ravel(),
-        }
-    )
+    table = {
+        "text": np.repeat(np.array(texts, dtype=object), d) if n else np.array([], dtype=object),
+        "d": np.tile(np.arange(d, dtype=np.int32), n),
+        "v": vecs.ravel(),
+    }
     text = (SQL_DIR / "unc_embedding.sql").read_text(encoding="utf-8")
     con.register("_unc_embeddings", table)
     try:
