@@ -35,10 +35,11 @@ reference computing the same numbers, in one run, each path in its own process.
 
 Both paths deliver every metric as a Parquet file, and each metric's time and the peak RSS include
 writing it: the DuckDB path is ``equipoise metrics --out DIR`` (``registry.write_result``: a metric
-that is one query is copied by DuckDB straight to the file, so per-item tables never become pandas
-frames), the reference writes its pandas frame. ``--memory-limit 2GB`` gives the DuckDB
-path the same cap as ``equipoise metrics --memory-limit`` (DuckDB spills the rest to
-``<store>.tmp``): the way to keep its memory below the store's size on a large store.
+that is one query is copied by DuckDB straight to the file, and the others' numpy columns are
+written by DuckDB too, so no pandas frame is ever built), the reference writes its pandas frame.
+``--memory-limit 2GB`` gives the DuckDB path the same cap as ``equipoise metrics --memory-limit``
+(DuckDB spills the rest to ``<store>.tmp``): the way to keep its memory below the store's size on a
+large store.
 
 Times exclude Python imports (both paths) and store creation. ``--paths duckdb`` runs the DuckDB
 path alone (e.g. at 10M rows, where the reference is impractical). Exit status 0 when every compared
@@ -296,8 +297,9 @@ def child_duckdb(store: Path, outdir: Path, memory_limit: str | None, only: str 
 
     names = metric_names()  # imports every metric module before the clock starts
     # nothing else is imported: the metrics need neither scipy nor scikit-learn (their tests and fits
-    # are computed by the package itself since stop 27), and importing them here would add their
-    # ~80 MiB to this process's peak RSS, which is measured against the store's size
+    # are computed by the package itself since stop 27) nor pandas and pyarrow (numpy columns written
+    # by DuckDB since stop 32), and importing them here would add their ~80 and ~70 MiB to this
+    # process's peak RSS, which is measured against the store's size
 
     base_mib = (status_kib("VmRSS") or 0) / 1024
     res = _Results(outdir)
