@@ -1122,10 +1122,9 @@ def metrics(
         _fail("--jobs applies to --out (metrics written to files); without --out it has no effect")
     import shutil
 
-    import pyarrow.parquet as pq
-
     from equipoise.evaluators.metrics import cache
     from equipoise.evaluators.metrics.registry import prepare
+    from equipoise.evaluators.store import scalar, sql_literal
 
     con = _connect(store, read_only=True, memory_limit=memory_limit)
     out: dict[str, Any] = {}
@@ -1151,7 +1150,10 @@ def metrics(
                     hit = None if k is None else cache.path_for(store, k)
                     if hit is not None and hit.exists():
                         shutil.copyfile(hit, target)
-                        _metric_written(name, pq.ParquetFile(target).metadata.num_rows, target)
+                        # the file's row count from its footer, read by DuckDB: pyarrow is not
+                        # imported by a metrics pass (its ~30 MiB would come out of the pass's cap)
+                        footer = f"SELECT num_rows FROM parquet_file_metadata({sql_literal(str(target))})"
+                        _metric_written(name, int(scalar(con, footer) or 0), target)
                     else:  # computed below, all in one pass (pass_runner: lanes, the base joins once)
                         targets[name], missed_params[name], keys[name] = target, mine, k
                     continue

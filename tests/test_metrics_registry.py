@@ -159,8 +159,9 @@ def test_option_probabilities_do_not_depend_on_row_order_or_threads(tmp_path):
 
 @pytest.mark.parametrize("name", metric_names())
 def test_written_result_equals_the_computed_frame(store, tmp_path, name):
-    """write_result streams one-query metrics from DuckDB to Parquet (no pandas frame) and sends the
-    others through compute; either way the file holds exactly the frame compute returns."""
+    """write_result streams one-query metrics from DuckDB to Parquet (no pandas frame) and has
+    DuckDB write the others' numpy columns (metrics.columns); either way the file holds exactly the
+    frame compute returns."""
     from equipoise.evaluators.metrics.registry import result_sql, write_result
 
     con = duckdb.connect(str(store), read_only=True)

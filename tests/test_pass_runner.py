@@ -328,6 +328,38 @@ def test_a_full_pass_imports_neither_scipy_nor_scikit_learn_nor_pandas(store: Pa
     assert res.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_the_metrics_command_imports_neither_pandas_nor_pyarrow(store: Path, tmp_path: Path) -> None:
+    """``equipoise metrics --out`` as a user runs it, in a fresh interpreter: the pass (cache empty)
+    and the same command again (every metric copied from the results cache, its row count read from
+    the file's footer) leave pandas and pyarrow unimported, as the pass itself does (above)."""
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "s.duckdb"
+    shutil.copy(store, copy)
+    code = (
+        "import sys\n"
+        "from equipoise.cli import app\n"
+        f"args = ['metrics', '--store', {str(copy)!r}, '--out', sys.argv[1]]\n"
+        "try:\n"
+        "    app(args)\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "print(sorted(m for m in ('pandas', 'pyarrow') if m in sys.modules))\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    for run in ("computed", "cached"):
+        out = tmp_path / run
+        res = subprocess.run(
+            [sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=600, cwd=root
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip().splitlines()[-1] == "[]", (run, res.stdout[-500:])
+        assert len(list(out.glob("*.parquet"))) == len(metric_names())
+    assert (tmp_path / "s.duckdb.cache").is_dir()
+
+
 @pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="pass_memory.py reads /proc (Linux)")
 def test_the_pass_memory_benchmark_runs_each_configuration_in_turn(store: Path, tmp_path: Path) -> None:
     """benchmarks/pass_memory.py (the memory cap's cost, measured in alternated fresh processes):

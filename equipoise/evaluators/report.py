@@ -225,8 +225,9 @@ def write_report(store: Path, out: Path, memory_limit: str | None = None, jobs: 
 
     Tables are one metrics pass (``pass_runner.run_pass``, in ``jobs`` lanes): each goes through
     ``write_result``, where a metric that is one query is copied by DuckDB straight to its CSV, so
-    no frame of all predictions (or per-item scores) is built here; only the small aggregated
-    results and the plots' inputs pass through pandas. A metric the store cannot give (a DuckDB or
+    no frame of all predictions (or per-item scores) is built here; the small aggregated results
+    are numpy columns that DuckDB writes (``metrics.columns``), and only the plots' inputs pass
+    through pandas. A metric the store cannot give (a DuckDB or
     parameter error) is listed as skipped and the rest are written; any other error stops the
     report. A folder that cannot be created is a ``ValueError`` naming it, raised before the store
     is opened.
