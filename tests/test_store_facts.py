@@ -423,7 +423,7 @@ def test_the_pass_memory_cap_is_the_room_under_95_percent_of_the_store() -> None
         outside = 48 * mib + 0.03 * cap
         assert cap + outside + max(rss_mib, 88) * mib == pytest.approx(0.95 * store_mib * mib, rel=1e-6)
     # a pass that imports neither pandas nor pyarrow (stop 32) over the 435 MiB 1M store: 95 MiB of
-    # its own, so about 262 MiB for DuckDB, where the 175 MiB of a process with them gave 187 MiB
+    # its own, so about 262 MiB for DuckDB, where the 175 MiB of a process with them gives 185 MiB
     assert pass_memory_cap(435 * mib, 95 * mib) == pytest.approx(262 * mib, rel=0.01)
     assert pass_memory_cap(435 * mib, 175 * mib) == pytest.approx(185 * mib, rel=0.01)
     # freshly built stores and a process without scipy / scikit-learn (stop 27): 1M gets about
