@@ -56,6 +56,12 @@ def test_write_round_trips_through_parquet_and_csv(con: duckdb.DuckDBPyConnectio
     csv = tmp_path / "r.csv"
     assert columns.write(con, columns.take(got, [0, 2]), csv, "FORMAT csv, HEADER true") == 2
     assert csv.read_text().splitlines()[0] == "i,s,f,b,l,n"
+    # a text column with no value at all (an empty result) is written as text, not DuckDB's NULL type
+    empty = {"method": np.array([], dtype=object), "p": np.array([], dtype=float)}
+    assert columns.write(con, empty, tmp_path / "e.parquet", "FORMAT parquet") == 0
+    types = con.execute(f"DESCRIBE SELECT * FROM read_parquet('{tmp_path / 'e.parquet'}')").fetchall()
+    assert [t[1] for t in types] == ["VARCHAR", "DOUBLE"]
+    assert columns.to_frame(con, {"s": np.array([None, None], dtype=object)})["s"].isna().all()
     with pytest.raises(ValueError, match="without columns"):
         columns.write(con, {}, tmp_path / "none.parquet", "FORMAT parquet")
 

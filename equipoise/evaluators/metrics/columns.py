@@ -86,6 +86,21 @@ def constant(value: object, n: int) -> np.ndarray:
     return np.full(n, value)
 
 
+def _typed(name: str, cols: Columns) -> str:
+    """SELECT of the registered ``cols``: a text column without a single value (an empty result, or
+    NULL throughout), which DuckDB can only type as NULL, is cast to VARCHAR, the type its values
+    would have had (the other columns are typed by their numpy dtype)."""
+    untyped = [
+        k
+        for k, v in cols.items()
+        if v.dtype == object and all(x is None for x in np.asarray(v, dtype=object))
+    ]
+    if not untyped:
+        return f"SELECT * FROM {name}"
+    cast = ", ".join(f'CAST("{k}" AS VARCHAR) AS "{k}"' for k in untyped)
+    return f"SELECT * REPLACE ({cast}) FROM {name}"
+
+
 def _registered(con: duckdb.DuckDBPyConnection, cols: Columns) -> str:
     """Register ``cols`` on ``con`` under a fresh name (unregister it when done) and return it."""
     name = f"_equipoise_result_{next(_names)}"
@@ -105,7 +120,7 @@ def write(con: duckdb.DuckDBPyConnection, cols: Columns, path: Path, fmt: str) -
         raise ValueError(f"{path}: a result without columns cannot be written")
     name = _registered(con, cols)
     try:
-        con.execute(f"COPY (SELECT * FROM {name}) TO {sql_literal(str(path))} ({fmt})")
+        con.execute(f"COPY ({_typed(name, cols)}) TO {sql_literal(str(path))} ({fmt})")
     finally:
         con.unregister(name)
     return n_rows(cols)
@@ -121,6 +136,6 @@ def to_frame(con: duckdb.DuckDBPyConnection, cols: Columns) -> pd.DataFrame:
         return pd.DataFrame()
     name = _registered(con, cols)
     try:
-        return con.execute(f"SELECT * FROM {name}").df()
+        return con.execute(_typed(name, cols)).df()
     finally:
         con.unregister(name)
