@@ -45,6 +45,7 @@ from sklearn.metrics import brier_score_loss, roc_auc_score
 from statsmodels.stats.contingency_tables import mcnemar as sm_mcnemar
 
 TABLES = ("runs", "items", "options", "predictions", "option_scores")
+_EXCLUDED = {"predictions": "EXCLUDE (score_labels, score_logprobs)"}
 SELF_EVAL = "self_eval:"
 N_BINS = 10
 ALPHA_CONF = Fraction(1, 10)
@@ -101,7 +102,9 @@ def read_tables(store: Path) -> dict[str, pd.DataFrame]:
     """The raw store tables as pandas frames (DuckDB is used only as the file reader here)."""
     con = duckdb.connect(str(store), read_only=True)
     try:
-        return {t: con.execute(f"SELECT * FROM {t}").df() for t in TABLES}
+        # the long option scores from the store's view of them; the prediction rows without the
+        # two list columns that view reads (store schema v3), which nothing here uses
+        return {t: con.execute(f"SELECT * {_EXCLUDED.get(t, '')} FROM {t}").df() for t in TABLES}
     finally:
         con.close()
 

@@ -108,7 +108,11 @@ def _snapshot(con) -> dict[str, tuple[int, str]]:
 
 
 def _rows(con, table: str) -> set[tuple]:
-    return set(con.execute(f"SELECT * FROM {table}").fetchall())
+    """The table's rows as a set (list columns, the score lists of predictions, as tuples)."""
+    return {
+        tuple(tuple(v) if isinstance(v, list) else v for v in row)
+        for row in con.execute(f"SELECT * FROM {table}").fetchall()
+    }
 
 
 def _import_checked(prepared: dict[str, Any], write: Callable[[Path], None], suffix: str) -> str | None:

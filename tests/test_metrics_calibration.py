@@ -26,6 +26,7 @@ from equipoise.evaluators.metrics.calibration import bin_sql
 from equipoise.evaluators.metrics.registry import STRATA
 from equipoise.evaluators.store import connect, insert_table
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from tests.scores import edit_option_scores
 
 METRICS = ("auroc", "ece", "reliability", "brier", "brier_multiclass", "risk_coverage", "aurc", "prr")
 CONFIDENCES = ("chosen_prob", "target_prob", "token_mean")
@@ -59,8 +60,11 @@ def store(request, tmp_path_factory) -> Path:
         con = duckdb.connect(str(path))
         # some options unscored (partial coverage, sometimes the chosen or target one), some samples
         # without any score, some without token log-probabilities
-        con.execute("DELETE FROM option_scores WHERE hash(item_id || label || run_id) % 13 = 0")
-        con.execute("DELETE FROM option_scores WHERE hash(item_id || run_id) % 29 = 0")
+        edit_option_scores(
+            con,
+            "DELETE FROM option_scores WHERE hash(item_id || label || run_id) % 13 = 0",
+            "DELETE FROM option_scores WHERE hash(item_id || run_id) % 29 = 0",
+        )
         con.execute(
             "UPDATE predictions SET token_logprob_mean = NULL WHERE hash(item_id || run_id || 'x') % 31 = 0"
         )

@@ -21,6 +21,7 @@ from equipoise.evaluators.metrics.conformal import _split_hashes_expr, conformal
 from equipoise.evaluators.metrics.registry import prepare, temp_tables, uses_facts
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 from tests.conftest import with_facts
+from tests.scores import edit_option_scores
 
 BY = ("model", "config")
 
@@ -261,19 +262,23 @@ def _edge_edits(path) -> None:
     # the all-correct run keeps every score: an unscored target there would score 1 and, at a rate above
     # alpha, push q_hat to 1 (full sets), which is right but not the edge that run is for
     keep = f"run_id <> '{runs['model-b/k3_gold']}'"
-    con.execute(f"DELETE FROM option_scores WHERE {num} % 29 = 0 AND {keep}")  # items without any score
-    con.execute(f"DELETE FROM option_scores WHERE {num} % 11 = 1 AND label = 'D' AND {keep}")  # top-k cut
-    con.execute(  # the target itself unscored
+    edit_option_scores(
+        con,
+        f"DELETE FROM option_scores WHERE {num} % 29 = 0 AND {keep}",  # items without any score
+        f"DELETE FROM option_scores WHERE {num} % 11 = 1 AND label = 'D' AND {keep}",  # top-k cut
+        # the target itself unscored
         f"""DELETE FROM option_scores os USING items i
             WHERE i.item_id = os.item_id AND {num.replace("item_id", "os.item_id")} % 13 = 2
-              AND os.label = i.target_label AND os.{keep}"""
-    )
-    con.execute(f"UPDATE option_scores SET logprob = -1.25 WHERE {num} % 7 = 3 AND label IN ('A', 'B')")
-    con.execute("DELETE FROM option_scores WHERE run_id = ?", [runs["model-a/k3_na"]])  # empty group
-    con.execute(  # all-correct run: the target certain, identical scores on every item (ties at q_hat)
-        """UPDATE option_scores os SET logprob = CASE WHEN os.label = i.target_label THEN 0.0 ELSE -20.0 END
-           FROM items i WHERE i.item_id = os.item_id AND os.run_id = ?""",
-        [runs["model-b/k3_gold"]],
+              AND os.label = i.target_label AND os.{keep}""",
+        f"UPDATE option_scores SET logprob = -1.25 WHERE {num} % 7 = 3 AND label IN ('A', 'B')",
+        ("DELETE FROM option_scores WHERE run_id = ?", [runs["model-a/k3_na"]]),  # empty group
+        # all-correct run: the target certain, identical scores on every item (ties at q_hat)
+        (
+            """UPDATE option_scores os
+               SET logprob = CASE WHEN os.label = i.target_label THEN 0.0 ELSE -20.0 END
+               FROM items i WHERE i.item_id = os.item_id AND os.run_id = ?""",
+            [runs["model-b/k3_gold"]],
+        ),
     )
     con.execute(
         """UPDATE predictions p SET parsed_label = i.target_label, outcome = 'answered'

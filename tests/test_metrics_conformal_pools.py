@@ -50,7 +50,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     con.execute(
         f"""INSERT INTO runs SELECT * REPLACE ('{run}-se' AS run_id, 'self_eval:base' AS prompt_style)
             FROM runs WHERE run_id = '{run}';
-            INSERT INTO predictions SELECT * REPLACE ('{run}-se' AS run_id) FROM predictions
+            INSERT INTO predictions SELECT * REPLACE ('{run}-se' AS run_id, NULL AS score_labels,
+                                                      NULL AS score_logprobs) FROM predictions
             WHERE run_id = '{run}';"""
     )
     con.close()

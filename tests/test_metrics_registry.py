@@ -19,6 +19,7 @@ from equipoise.builders.mcq_build import build_mcq_suite
 from equipoise.evaluators.metrics.registry import REGISTRY, STRATA, compute, metric_names, prepare
 from equipoise.evaluators.reference_run import run_reference_policies
 from equipoise.evaluators.store import connect
+from tests.scores import edit_option_scores
 
 # parameters that keep resampling metrics fast; each is given only to metrics that declare it
 FAST = {"repeats": 2, "n_boot": 40}
@@ -149,9 +150,16 @@ def test_option_probabilities_do_not_depend_on_row_order_or_threads(tmp_path):
     sums = ref.groupby(["run_id", "item_id", "sample_index"])["prob"].sum()
     assert np.allclose(sums, 1.0, atol=1e-12)
     con = duckdb.connect(str(path))  # same rows, stored in the reverse order
+    # (schema v3: each sample's labels are sorted on its row, so the reversed order is that of
+    # the prediction rows, and the lists are rebuilt from the reversed copy)
     con.execute("CREATE TEMP TABLE os_rev AS SELECT * FROM option_scores ORDER BY ALL DESC")
-    con.execute("DELETE FROM option_scores")
-    con.execute("INSERT INTO option_scores SELECT * FROM os_rev")
+    con.execute(
+        "CREATE TEMP TABLE p_rev AS "
+        "SELECT * EXCLUDE (score_labels, score_logprobs) FROM predictions ORDER BY ALL DESC"
+    )
+    con.execute("DELETE FROM predictions")
+    con.execute("INSERT INTO predictions BY NAME SELECT * FROM p_rev")
+    edit_option_scores(con, "DELETE FROM option_scores", "INSERT INTO option_scores SELECT * FROM os_rev")
     con.close()
     for threads, materialize in ((1, False), (2, True), (4, True)):
         pd.testing.assert_frame_equal(ref, _probs(path, threads, materialize), check_exact=True)

@@ -30,6 +30,7 @@ from equipoise.evaluators.metrics import compute
 from equipoise.evaluators.metrics import robustness as rob
 from equipoise.evaluators.store import connect, insert_table
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from tests.scores import edit_option_scores
 
 TOL = 1e-9
 BASE = "original"
@@ -63,7 +64,8 @@ def _ids(combo: tuple[tuple[str, ...], dict]) -> str:
 def _add_extras(con: duckdb.DuckDBPyConnection) -> None:
     """A second prompt style with different answers and scores, a self-evaluation run (would pair if
     it were not excluded) and a perturbed run under other decoding settings (must not pair)."""
-    con.execute(
+    edit_option_scores(
+        con,
         """
         INSERT INTO runs SELECT run_id || '-cot', model, backend, 'cot', prompt_template_id, prompt_sha256,
                decoding_json, dataset_id, config, package_version, NULL FROM runs;
@@ -74,20 +76,21 @@ def _add_extras(con: duckdb.DuckDBPyConnection) -> None:
                     WHEN hash(run_id || item_id || sample_index) % 37 = 0 THEN 'Z'  -- off-list label
                     ELSE parsed_label END,
                parse_method, outcome, token_logprob_sum, token_logprob_mean * 1.3, token_logprob_min,
-               n_output_tokens, latency_ms, error
+               n_output_tokens, latency_ms, error, NULL, NULL
         FROM predictions;
         INSERT INTO option_scores
         SELECT run_id || '-cot', item_id, sample_index, label,
                logprob + (hash(run_id || item_id || label) % 7) / 5.0
         FROM option_scores;
-        """
+        """,
     )
     for suffix, where, style, decoding in (
         ("-se", "model = 'm1' AND prompt_style = 'base'", "'self_eval:conf'", "decoding_json"),
         ("-t07", "model = 'm2' AND prompt_style = 'base' AND config = 'plus_nota'", "prompt_style",
          "'{\"temperature\": 0.7}'"),
     ):  # fmt: skip
-        con.execute(
+        edit_option_scores(
+            con,
             f"""
             CREATE TEMP TABLE pick AS SELECT run_id FROM runs WHERE {where};
             INSERT INTO runs SELECT run_id || '{suffix}', model, backend, {style}, prompt_template_id,
@@ -98,7 +101,7 @@ def _add_extras(con: duckdb.DuckDBPyConnection) -> None:
             INSERT INTO option_scores SELECT * REPLACE (run_id || '{suffix}' AS run_id)
             FROM option_scores WHERE run_id IN (SELECT run_id FROM pick);
             DROP TABLE pick;
-            """
+            """,
         )
 
 
@@ -106,7 +109,8 @@ def _damage(con: duckdb.DuckDBPyConnection) -> None:
     """Unscored options (sometimes the chosen one), samples without any score or token log-probs,
     error rows, perturbed samples missing (unpaired bases), two perturbed items for some base_ids,
     and NULL or mixed strata."""
-    con.execute(
+    edit_option_scores(
+        con,
         """
         DELETE FROM option_scores WHERE hash(run_id || item_id || label) % 9 = 0;
         DELETE FROM option_scores WHERE hash(run_id || item_id || 's') % 23 = 0;
@@ -131,7 +135,7 @@ def _damage(con: duckdb.DuckDBPyConnection) -> None:
         INSERT INTO option_scores SELECT * REPLACE (item_id || ':dup' AS item_id, logprob * 0.5 AS logprob)
             FROM option_scores WHERE item_id IN (SELECT item_id FROM dup);
         DROP TABLE dup;
-        """
+        """,
     )
 
 
@@ -640,10 +644,12 @@ def _tiny(path: Path) -> Path:
     con.execute(
         """
         INSERT INTO runs SELECT * REPLACE ('same-' || run_id AS run_id, 'same' AS model) FROM runs;
-        INSERT INTO predictions SELECT * REPLACE ('same-run-original' AS run_id)
+        INSERT INTO predictions SELECT * REPLACE ('same-run-original' AS run_id, NULL AS score_labels,
+                                                  NULL AS score_logprobs)
             FROM predictions WHERE run_id = 'run-original';
         INSERT INTO predictions SELECT * REPLACE ('same-run-plus_nota' AS run_id,
-                                                  replace(item_id, ':original', ':plus_nota') AS item_id)
+                                                  replace(item_id, ':original', ':plus_nota') AS item_id,
+                                                  NULL AS score_labels, NULL AS score_logprobs)
             FROM predictions WHERE run_id = 'run-original';
         """
     )

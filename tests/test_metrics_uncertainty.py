@@ -44,6 +44,7 @@ from equipoise.evaluators.metrics.uncertainty import (
 from equipoise.evaluators.store import connect, insert_table
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 from tests.conftest import one_thread_and_forced_parallel
+from tests.scores import edit_option_scores
 
 TOL = 1e-9
 FRAGMENTS = [
@@ -118,7 +119,9 @@ def _enrich(path: Path, seed: int) -> None:
         )
         con.unregister("upd")
         # options outside the backend's top-k: drop ~10% of option scores
-        con.execute(f"DELETE FROM option_scores WHERE hash(run_id || item_id || label || {seed}) % 10 = 0")
+        edit_option_scores(
+            con, f"DELETE FROM option_scores WHERE hash(run_id || item_id || label || {seed}) % 10 = 0"
+        )
         runs = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY 1").fetchall()]
         con.execute("UPDATE runs SET decoding_json = ? WHERE run_id = ?", ['{"temperature": 0.7}', runs[0]])
         con.execute("UPDATE runs SET decoding_json = ? WHERE run_id = ?", ["not json", runs[1]])

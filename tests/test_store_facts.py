@@ -196,13 +196,10 @@ def _change_some_runs(con) -> tuple[str, str, str]:
         f"""
         INSERT INTO runs SELECT * REPLACE ('{new}' AS run_id) FROM runs WHERE run_id = '{src}';
         INSERT INTO predictions SELECT * REPLACE ('{new}' AS run_id) FROM predictions WHERE run_id = '{src}';
-        INSERT INTO option_scores SELECT * REPLACE ('{new}' AS run_id) FROM option_scores
-            WHERE run_id = '{src}';
         UPDATE predictions SET parsed_label = CASE parsed_label WHEN 'A' THEN 'B' ELSE 'A' END
         WHERE run_id = '{changed}' AND item_id = (
             SELECT min(item_id) FROM predictions WHERE run_id = '{changed}' AND sample_index = 0)
           AND sample_index = 0;
-        DELETE FROM option_scores WHERE run_id = '{gone}';
         DELETE FROM predictions WHERE run_id = '{gone}';
         DELETE FROM runs WHERE run_id = '{gone}';
         """

@@ -1,5 +1,5 @@
-"""Schema v2 and `equipoise store migrate`: a v1 store is refused with the one command that upgrades
-it, the upgrade is atomic, and every metric is identical before and after it."""
+"""Schemas v2 / v3 and `equipoise store migrate`: an older store is refused with the one command that
+upgrades it, the upgrade is atomic, and every metric is identical before and after it."""
 
 from __future__ import annotations
 
@@ -19,16 +19,18 @@ from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 V1_TABLES = ("datasets", "items", "options", "runs", "predictions", "option_scores")
 
 
-def _v1_store(tmp_path: Path) -> Path:
-    """A store written with the v1 DDL (migration 1 only), filled with a synthetic store's rows."""
+def _v1_store(tmp_path: Path, version: int = 1) -> Path:
+    """A store written with the DDL of schema ``version`` (its migrations only), filled with a
+    synthetic store's rows (the option scores as the long table of v1 / v2)."""
     src = tmp_path / "src.duckdb"
     spec = SyntheticSpec(n_items=60, models=("m1", "m2"), samples=2, unparsed_rate=0.1, seed=3)
     make_store(src, spec)
-    path = tmp_path / "v1.duckdb"
+    path = tmp_path / f"v{version}.duckdb"
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY)")
-    con.execute(st.MIGRATIONS[0][1])
-    con.execute("INSERT INTO schema_version VALUES (1)")
+    for v, sql in st.MIGRATIONS[:version]:
+        con.execute(sql)
+        con.execute("INSERT INTO schema_version VALUES (?)", [v])
     con.execute(f"ATTACH '{src}' AS src (READ_ONLY)")
     for t in V1_TABLES:
         cols = ", ".join(r[0] for r in con.execute(f"DESCRIBE {t}").fetchall())
@@ -71,10 +73,10 @@ def test_migrate_gives_identical_metrics_and_adds_parent_run_id(tmp_path: Path) 
     con.close()
     r = CliRunner().invoke(app, ["store", "migrate", str(path)])
     assert r.exit_code == 0, r.output
-    assert "v1 -> v2" in r.output
+    assert f"v1 -> v{st.SCHEMA_VERSION}" in r.output
     assert not path.with_name(path.name + ".migrating").exists()
     con = st.connect(path, read_only=True)
-    assert st.store_version(con) == st.SCHEMA_VERSION == 2
+    assert st.store_version(con) == st.SCHEMA_VERSION == 3
     assert {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in V1_TABLES} == counts
     cols = [r[0] for r in con.execute("DESCRIBE runs").fetchall()]
     assert cols[-1] == "parent_run_id"
@@ -86,7 +88,7 @@ def test_migrate_gives_identical_metrics_and_adds_parent_run_id(tmp_path: Path) 
     assert sum(len(df) for df in before.values()) > 100  # the metrics saw data
     for name in before:
         pd.testing.assert_frame_equal(before[name], after[name], obj=name)
-    # a second migrate is a no-op; a v2 store opens for writing and stays v2
+    # a second migrate is a no-op; a v3 store opens for writing and stays v3
     r = CliRunner().invoke(app, ["store", "migrate", str(path)])
     assert r.exit_code == 0 and "nothing to do" in r.output
     st.connect(path).close()
@@ -105,7 +107,58 @@ def test_failed_migration_leaves_the_store_untouched(tmp_path: Path, monkeypatch
     assert _sha(path) == sha
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.duckdb", "v1.duckdb"]
     monkeypatch.undo()
-    assert st.migrate_store(path) == (1, 2)
+    assert st.migrate_store(path) == (1, 3)
+
+
+def test_v2_store_migrates_its_option_scores_onto_the_prediction_rows(tmp_path: Path) -> None:
+    """v2 -> v3: each sample's long score rows become its two sorted lists (NULL where it had none),
+    ``option_scores`` reads the same rows back as a view, and every metric is identical."""
+    path = _v1_store(tmp_path, version=2)
+    con = duckdb.connect(str(path))
+    # a sample without any score and one with a single score, beside the full ones
+    con.execute("DELETE FROM option_scores WHERE hash(item_id || run_id) % 11 = 0")
+    con.execute("DELETE FROM option_scores WHERE hash(item_id || run_id) % 13 = 0 AND label <> 'B'")
+    before = _all_metrics(con)
+    scores = con.execute("SELECT * FROM option_scores ORDER BY ALL").fetchall()
+    con.close()
+    assert st.migrate_store(path) == (2, 3)
+    con = st.connect(path, read_only=True)
+    assert con.execute("SELECT * FROM option_scores ORDER BY ALL").fetchall() == scores
+    kinds = dict(
+        con.execute(
+            "SELECT coalesce(len(score_labels), 0) AS n, count(*) FROM predictions GROUP BY ALL"
+        ).fetchall()
+    )
+    assert kinds.get(0) and kinds.get(1) and kinds.get(4)  # none, one and all four scored
+    assert (
+        con.execute(
+            "SELECT count(*) FROM predictions WHERE score_labels <> list_sort(score_labels) "
+            "OR len(score_labels) <> len(score_logprobs)"
+        ).fetchone()[0]
+        == 0
+    )
+    tables = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+    assert "option_scores" not in tables  # a view now
+    after = _all_metrics(con)
+    con.close()
+    for name in before:
+        pd.testing.assert_frame_equal(before[name], after[name], obj=name)
+
+
+def test_scores_without_their_prediction_stop_the_v3_migration(tmp_path: Path) -> None:
+    """A v2 store whose option scores name a sample that has no prediction row cannot be moved to
+    v3 (the scores would have nowhere to go): the migration says so and leaves the file as it was."""
+    path = _v1_store(tmp_path, version=2)
+    con = duckdb.connect(str(path))
+    con.execute(
+        "INSERT INTO option_scores "
+        "SELECT * REPLACE (item_id || ':gone' AS item_id) FROM option_scores LIMIT 3"
+    )
+    con.close()
+    sha = _sha(path)
+    r = CliRunner().invoke(app, ["store", "migrate", str(path)])
+    assert r.exit_code != 0 and "no prediction row" in r.output and "Traceback" not in r.output
+    assert _sha(path) == sha and not path.with_name(path.name + ".migrating").exists()
 
 
 def test_migrate_errors_are_one_line(tmp_path: Path) -> None:

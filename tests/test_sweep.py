@@ -139,10 +139,6 @@ def test_interrupted_sweep_resumes(work):
         "(SELECT item_id FROM predictions WHERE run_id = ? ORDER BY item_id LIMIT 7)",
         [rid, rid],
     )
-    con.execute(
-        "DELETE FROM option_scores WHERE (run_id, item_id, sample_index) NOT IN "
-        "(SELECT (run_id, item_id, sample_index) FROM predictions)"
-    )
     con.close()
     out = cli.invoke(app, ["eval", str(plan), "--dry-run"])
     assert ", 7 to do" in out.output

@@ -53,7 +53,6 @@ from equipoise.evaluators.backends.base import Decoding
 from equipoise.evaluators.parsing import parse_answer
 from equipoise.evaluators.runner import run_id_for
 from equipoise.evaluators.store import (
-    OptionScoreRow,
     PredictionRow,
     RunRow,
     SelectInsert,
@@ -727,7 +726,7 @@ def _fast_checked(
     con.execute(f"CREATE OR REPLACE TEMP TABLE _imp_opts AS {opt_sql}")
     fused = not _holds_runs(con, "predictions", run_list)
     if fused:
-        rows_src, score_src = f"_imp i {run_join} {on_opts}", f"_imp i {run_join}"
+        rows_src = f"_imp i {run_join} {on_opts}"
         has, abstain, pb = "o.has", "o.abstain", pbit
     else:
         keep = ", ".join(
@@ -753,7 +752,7 @@ def _fast_checked(
         if _one(con, f"SELECT count(*) FILTER (WHERE NOT ({label_ok})) FROM _imp_rows"):
             return None
         run_col = "i.run_id"
-        rows_src = score_src = "_imp_rows i"
+        rows_src = "_imp_rows i"
         has, abstain, pb = "i.has", "i.abstain", "i.pbit"
     # records without a parsed_label: Equipoise's own parser, one by one (it is Python), given
     # the item's labels in stored order as the record-by-record path gives them
@@ -806,32 +805,29 @@ def _fast_checked(
     else:  # what the list functions give for a null list, without running them
         token_cols = """NULL::DOUBLE AS token_logprob_sum, NULL::DOUBLE AS token_logprob_mean,
                NULL::DOUBLE AS token_logprob_min, i.n_output_tokens::INTEGER AS n_output_tokens"""
+    # the record's option scores as the row's two lists (schema v3): the labels sorted, each with its
+    # log-probability, those the record did not score left out; NULL for a record that scored none
+    if labels:
+        order = sorted(range(len(labels)), key=labels.__getitem__)
+        lps = "[" + ", ".join(f"i.{lp[k]}" for k in order) + "]"
+        names = "[" + ", ".join(sql_literal(labels[k]) for k in order) + "]"
+        score_cols = f"""nullif(list_filter({names}, lambda x, k: {lps}[k] IS NOT NULL), []) AS score_labels,
+               nullif(list_filter({lps}, lambda x: x IS NOT NULL), []) AS score_logprobs"""
+    else:
+        score_cols = "NULL::VARCHAR[] AS score_labels, NULL::DOUBLE[] AS score_logprobs"
     pred_sql = f"""
         SELECT {run_col} AS run_id, i.item_id, i.sample_index::INTEGER AS sample_index, i.raw_output,
                coalesce(i.parsed_label, q.label) AS parsed_label,
                CASE WHEN i.parsed_label IS NULL THEN q.method ELSE 'imported' END AS parse_method,
                {outcome} AS outcome,
                {token_cols},
-               i.latency_ms, NULL::VARCHAR AS error
+               i.latency_ms, NULL::VARCHAR AS error,
+               {score_cols}
         FROM {rows_src}
         {parsed_join}"""
     # the store appends the predictions the way this query was built for (fused: a plain append,
     # so the error() check above runs on every row), not on a second look at the table
     selects = [SelectInsert("predictions", list(PredictionRow.model_fields), pred_sql, append_only=fused)]
-    if labels:
-        # one pass over the rows, each fanned out to its scored labels by UNNEST (a UNION ALL of
-        # one scan per label read the rows once per label and wrote a sample's scores far apart);
-        # a label the record does not score is dropped by the outer filter. The scores read the
-        # records alone: their labels are checked by the query above or by the predictions INSERT,
-        # which runs first in the same transaction
-        score_sql = f"""
-            SELECT * FROM (
-                SELECT {run_col} AS run_id, i.item_id, i.sample_index::INTEGER AS sample_index,
-                       unnest([{", ".join(sql_literal(lab) for lab in labels)}]) AS label,
-                       unnest([{", ".join(f"i.{c}" for c in lp)}]) AS logprob
-                FROM {score_src})
-            WHERE logprob IS NOT NULL"""
-        selects.append(SelectInsert("option_scores", list(OptionScoreRow.model_fields), score_sql))
     before = _one(con, "SELECT count(*) FROM predictions")
     insert_selects(con, [(RunRow, list(runs.values()))], selects, run_ids=run_list)
     after = _one(con, "SELECT count(*) FROM predictions")
@@ -904,7 +900,6 @@ def import_predictions(con: duckdb.DuckDBPyConnection, path: Path, fast: bool = 
     # checks, is what costs.
     cols: dict[str, list] = {f: [] for f in PredictionRow.model_fields}
     linenos: list[int] = []  # source line of each row, for error messages
-    sc: dict[str, list] = {f: [] for f in OptionScoreRow.model_fields}
     runs: dict[str, RunRow] = {}
     run_cache: dict[tuple, str] = {}
     for lineno, raw in _records(path):
@@ -973,6 +968,7 @@ def import_predictions(con: duckdb.DuckDBPyConnection, path: Path, fast: bool = 
         else:
             outcome = "abstained" if labels[label] == "abstain" else "answered"
         tl = p.token_logprobs or []
+        scored = sorted((p.option_logprobs or {}).items())
         linenos.append(lineno)
         for name, value in (
             ("run_id", rid),
@@ -990,14 +986,11 @@ def import_predictions(con: duckdb.DuckDBPyConnection, path: Path, fast: bool = 
             ("n_output_tokens", p.n_output_tokens if p.n_output_tokens is not None else (len(tl) or None)),
             ("latency_ms", p.latency_ms),
             ("error", None),
+            # the scores as the row's sorted lists (schema v3), as the columnar path writes them
+            ("score_labels", [lab for lab, _ in scored] or None),
+            ("score_logprobs", [lp for _, lp in scored] or None),
         ):
             cols[name].append(value)
-        for lab, lp in (p.option_logprobs or {}).items():
-            sc["run_id"].append(rid)
-            sc["item_id"].append(p.item_id)
-            sc["sample_index"].append(p.sample_index)
-            sc["label"].append(lab)
-            sc["logprob"].append(lp)
     frame = pd.DataFrame({k: cols[k] for k in ("run_id", "item_id", "sample_index", "outcome")})
     try:
         PREDICTION_FRAME.validate(frame, lazy=True)
@@ -1014,12 +1007,11 @@ def import_predictions(con: duckdb.DuckDBPyConnection, path: Path, fast: bool = 
         dup = exc.failure_cases.head(1).to_dict("records")
         raise ImportError_(f"{path}: records fail the prediction checks: {dup}") from exc
     pred_table = pyarrow.table(cols, schema=arrow_schema(PredictionRow))
-    score_table = pyarrow.table(sc, schema=arrow_schema(OptionScoreRow))
     before = con.execute("SELECT count(*) FROM predictions").fetchall()[0][0]
     insert_batch(
         con,
         [(RunRow, list(runs.values()))],
-        tables=[("predictions", pred_table), ("option_scores", score_table)],
+        tables=[("predictions", pred_table)],
     )
     after = con.execute("SELECT count(*) FROM predictions").fetchall()[0][0]
     return ImportSummary(rows=pred_table.num_rows, added=int(after - before), runs=sorted(runs))

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel
 
 from equipoise.evaluators.store import (
+    SCORE_COLUMNS,
     TABLE_MODELS,
     connect_memory,
     insert_batch,
@@ -92,6 +93,11 @@ def read_part_table(part: Path, table: str) -> pa.Table | None:
         return None
     t = pq.read_table(f)
     want = to_table(TABLE_MODELS[table], []).schema
+    if table == "predictions" and t.schema.names == [n for n in want.names if n not in SCORE_COLUMNS]:
+        # a part written before store schema v3: its option scores are in option_scores.parquet,
+        # which the ingest folds into these rows' (here empty) score lists
+        for name in SCORE_COLUMNS:
+            t = t.append_column(name, pa.nulls(t.num_rows, want.field(name).type))
     if t.schema.names != want.names:
         raise ValueError(f"{f}: columns {t.schema.names} are not the store's {table} columns {want.names}")
     try:

@@ -161,13 +161,7 @@ def _seed_parts(con: duckdb.DuckDBPyConnection, root: Path, partial: list[Planne
             want = to_table(TABLE_MODELS[table], []).schema
             cur = con.sql(f"SELECT {', '.join(want.names)} FROM {table} WHERE {where}", params=[p.run_id])
             tables[table] = cur.to_arrow_table().cast(want)
-        want = to_table(TABLE_MODELS["option_scores"], []).schema
-        cur = con.sql(
-            f"SELECT {', '.join('s.' + c for c in want.names)} FROM option_scores s JOIN predictions p "
-            "USING (run_id, item_id, sample_index) WHERE s.run_id = ? AND p.outcome <> 'error'",
-            params=[p.run_id],
-        )
-        tables["option_scores"] = cur.to_arrow_table().cast(want)
+        # the predictions' option scores travel on their rows (store schema v3: two list columns)
         write_part(root, f"store-{p.run_id}-{p.done}", tables)
 
 

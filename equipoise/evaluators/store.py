@@ -14,7 +14,8 @@ Tables (schema v1):
 - ``predictions`` one row per run x item x sample: raw text, parsed label, parse method, outcome,
                 token log-prob summaries, output tokens, latency, error;
 - ``option_scores`` one row per run x item x sample x option with the option's log-probability
-                (long format so softmax, LAC and APS are plain window functions).
+                (long format so softmax, LAC and APS are plain window functions); from schema v3
+                a view over the two list columns of ``predictions`` that hold them.
 
 Writes are idempotent: a rerun after a crash adds only what is missing, and importing the same file
 twice adds nothing. Small tables have primary keys and ``INSERT OR IGNORE``; from schema v2 the two
@@ -27,6 +28,15 @@ derived metric tables). A new store is created at the latest version. An existin
 version is never upgraded behind the user's back: opening it raises :class:`StoreOutdatedError`
 naming the one command that upgrades it (``equipoise store migrate STORE``, :func:`migrate_store`),
 which works on a copy and swaps it in only when every step succeeded.
+
+Schema v3 keeps a sample's option scores on its prediction row, as two parallel lists
+(``score_labels``, ``score_logprobs``, sorted by label; NULL for a sample without scores), and
+``option_scores`` becomes a view that unnests them: every query of the long table reads the same
+rows. Why: a sample's scores are written with it and never alone, and as rows of their own each
+repeated the sample's run and item ids, which made their append about as costly as the predictions'
+own (0.63-0.72 s of a 2.0-2.4 s import of 1M records; benchmarks/RESULTS.md, stops 31-32). Writers
+still hand the store ``OptionScoreRow`` rows or a long Arrow table; the store folds them into the
+lists (:func:`insert_batch`, :func:`insert_table`).
 """
 
 from __future__ import annotations
@@ -40,14 +50,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import duckdb
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from equipoise.schemas.features import to_table
 
 if TYPE_CHECKING:  # the writers get Arrow tables from their callers; a reader never imports pyarrow
     import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+# the view that shows the option scores of schema v3 as the long table of v1 / v2
+OPTION_SCORES_VIEW = """
+        CREATE VIEW option_scores AS
+        SELECT run_id, item_id, sample_index, unnest(score_labels) AS label, unnest(score_logprobs) AS logprob
+        FROM predictions
+        WHERE score_labels IS NOT NULL"""
+# the message of the v3 migration when option scores name a sample that is not stored
+ORPHAN_SCORES = (
+    "option scores of samples that have no prediction row: schema v3 keeps a sample's scores on its "
+    "prediction row; delete those scores (or restore their predictions) and migrate again"
+)
+_ORPHAN_SCORES_SQL = ORPHAN_SCORES.replace("'", "''")
 
 MIGRATIONS: list[tuple[int, str]] = [
     (
@@ -177,6 +200,47 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE option_scores_v2 RENAME TO option_scores;
         """,
     ),
+    (
+        3,
+        f"""
+        -- a sample's option scores move onto its prediction row (module docstring); a score whose
+        -- sample has no prediction row stops the migration (error() aborts the transaction)
+        SELECT CASE WHEN count(*) > 0 THEN error('{_ORPHAN_SCORES_SQL}') END
+        FROM (SELECT DISTINCT run_id, item_id, sample_index FROM option_scores) s
+        WHERE NOT EXISTS (SELECT 1 FROM predictions p WHERE p.run_id = s.run_id AND p.item_id = s.item_id
+                                                      AND p.sample_index = s.sample_index);
+        CREATE TABLE predictions_v3 (
+            run_id VARCHAR NOT NULL,
+            item_id VARCHAR NOT NULL,
+            sample_index INTEGER NOT NULL,
+            raw_output VARCHAR NOT NULL,
+            parsed_label VARCHAR,
+            parse_method VARCHAR NOT NULL,
+            outcome VARCHAR NOT NULL,
+            token_logprob_sum DOUBLE,
+            token_logprob_mean DOUBLE,
+            token_logprob_min DOUBLE,
+            n_output_tokens INTEGER,
+            latency_ms DOUBLE,
+            error VARCHAR,
+            score_labels VARCHAR[],                 -- the scored options' labels, sorted; NULL: none
+            score_logprobs DOUBLE[]                 -- their log-probabilities, position for position
+        );
+        INSERT INTO predictions_v3
+        SELECT p.*, s.score_labels, s.score_logprobs
+        FROM predictions p
+        LEFT JOIN (
+            SELECT run_id, item_id, sample_index, list(label ORDER BY label) AS score_labels,
+                   list(logprob ORDER BY label) AS score_logprobs
+            FROM option_scores
+            GROUP BY run_id, item_id, sample_index
+        ) s USING (run_id, item_id, sample_index);
+        DROP TABLE predictions;
+        ALTER TABLE predictions_v3 RENAME TO predictions;
+        DROP TABLE option_scores;
+        {OPTION_SCORES_VIEW};
+        """,
+    ),
 ]
 
 # Tables without a primary key whose rows are still unique on these columns: every write through
@@ -184,8 +248,9 @@ MIGRATIONS: list[tuple[int, str]] = [
 # the batch, and appends the rest. Idempotent like INSERT OR IGNORE, without an index to maintain.
 HOT_KEYS: dict[str, tuple[str, ...]] = {
     "predictions": ("run_id", "item_id", "sample_index"),
-    "option_scores": ("run_id", "item_id", "sample_index", "label"),
 }
+# the columns of ``predictions`` that hold a sample's option scores (schema v3)
+SCORE_COLUMNS: tuple[str, str] = ("score_labels", "score_logprobs")
 
 
 class _Row(BaseModel):
@@ -269,6 +334,23 @@ class PredictionRow(_Row):
     n_output_tokens: int | None = None
     latency_ms: float | None = None
     error: str | None = None
+    # the sample's option scores (schema v3): labels sorted, log-probabilities in the same order;
+    # both None when none was scored. Writers usually leave them None and hand the store
+    # ``OptionScoreRow`` rows, which :func:`insert_batch` folds in.
+    score_labels: list[str] | None = None
+    score_logprobs: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _scores_paired(self) -> PredictionRow:
+        labels, logprobs = self.score_labels, self.score_logprobs
+        if (labels is None) != (logprobs is None):
+            raise ValueError("score_labels and score_logprobs are given together or not at all")
+        if labels is not None and logprobs is not None:
+            if not labels or len(labels) != len(logprobs):
+                raise ValueError("score_labels and score_logprobs need the same, non-zero length")
+            if labels != sorted(set(labels)):
+                raise ValueError("score_labels must be distinct and sorted")
+        return self
 
 
 class OptionScoreRow(_Row):
@@ -604,21 +686,23 @@ def migrate(con: duckdb.DuckDBPyConnection) -> int:
 
 
 def insert_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> int:
-    """Insert an Arrow table in one transaction; existing keys are left untouched. Returns rows added."""
+    """Insert an Arrow table in one transaction; existing keys are left untouched. Returns rows added.
+    ``option_scores`` (long rows: run_id, item_id, sample_index, label, logprob) is folded into the
+    score lists of the stored predictions (:func:`insert_batch`); the rows added are then the
+    scores attached."""
     if table.num_rows == 0:
         return 0
-    before = scalar(con, f"SELECT count(*) FROM {name}")
-    con.register("_incoming", table)
-    try:
-        con.execute("BEGIN TRANSACTION")
-        con.execute(_append_sql(name, table.column_names, "_incoming"))
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
-    finally:
-        con.unregister("_incoming")
-    return int(scalar(con, f"SELECT count(*) FROM {name}") - before)
+    before = count_rows(con, name)
+    insert_batch(con, [], tables=[(name, table)])
+    return count_rows(con, name) - before
+
+
+def count_rows(con: duckdb.DuckDBPyConnection, name: str) -> int:
+    """The rows of table ``name``; for the view ``option_scores``, its scores, counted from the
+    list lengths without unnesting them."""
+    if name == "option_scores":
+        return int(scalar(con, "SELECT coalesce(sum(len(score_labels)), 0) FROM predictions"))
+    return int(scalar(con, f"SELECT count(*) FROM {name}"))
 
 
 def _append_sql(
@@ -711,16 +795,27 @@ def insert_batch(
     (the importer does), which spares the hot tables the in-batch de-duplication. ``selects``
     (see :func:`insert_selects`) are queries whose rows are appended last, in the same transaction,
     each plainly or through the anti-join as its ``append_only`` says (None: as the table says)."""
-    todo = [(_TABLES[m], to_table(m, list(rows))) for m, rows in batches if rows]
-    n_models = len(todo)
-    todo += [(name, t) for name, t in (tables or []) if t.num_rows]
+    todo = [(_TABLES[m], to_table(m, list(rows)), False) for m, rows in batches if rows]
+    todo += [(name, t, unique) for name, t in (tables or []) if t.num_rows]
+    # option scores are not a table of their own (schema v3): they ride on their predictions
+    scores = [t for name, t, _ in todo if name == "option_scores"]
+    todo = [row for row in todo if row[0] != "option_scores"]
     con.execute("BEGIN TRANSACTION")
     try:
-        for i, (name, table) in enumerate(todo):
+        if scores:
+            _stage_scores(con, scores)
+        for i, (name, table, known_unique) in enumerate(todo):
             view = f"_incoming_{i}"
             con.register(view, table)
-            con.execute(_append_sql(name, table.column_names, view, unique=unique and i >= n_models))
+            source = view
+            if name == "predictions" and (scores or not set(SCORE_COLUMNS) <= set(table.column_names)):
+                source = _with_scores(view, table.column_names, bool(scores))
+            con.execute(
+                _append_sql(name, _stored_columns(name, table.column_names), source, unique=known_unique)
+            )
             con.unregister(view)
+        if scores:
+            _attach_remaining_scores(con, [t for name, t, _ in todo if name == "predictions"])
         for name, columns, query, append_only in selects:
             if append_only is not None:
                 plain = append_only
@@ -737,6 +832,107 @@ def insert_batch(
         raise
 
 
+_SCORE_KEY = ("run_id", "item_id", "sample_index")
+
+
+def _stored_columns(name: str, columns: Sequence[str]) -> list[str]:
+    """The columns an append of ``name`` writes: for predictions, the score lists too (folded in
+    from the batch's option scores where the rows do not carry them)."""
+    cols = list(columns)
+    if name == "predictions":
+        cols += [c for c in SCORE_COLUMNS if c not in cols]
+    return cols
+
+
+def _stage_scores(con: duckdb.DuckDBPyConnection, tables: list[pa.Table]) -> None:
+    """The batch's long option scores as one row per sample (TEMP ``_scores_in``: the key and the
+    two lists, sorted by label). A label repeated for one sample keeps its first score, as the
+    long table's anti-join kept the first row of a repeated key."""
+    parts = []
+    for i, table in enumerate(tables):
+        con.register(f"_scores_{i}", table)
+        parts.append(f"SELECT run_id, item_id, sample_index, label, logprob, {i} AS _t FROM _scores_{i}")
+    union = " UNION ALL ".join(f"SELECT *, row_number() OVER () AS _pos FROM ({part})" for part in parts)
+    try:
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE _scores_in AS
+                SELECT run_id, item_id, sample_index::INTEGER AS sample_index,
+                       list(label ORDER BY label) AS score_labels,
+                       list(logprob ORDER BY label) AS score_logprobs
+                FROM (SELECT *, row_number() OVER (PARTITION BY run_id, item_id, sample_index, label
+                                                   ORDER BY _t, _pos) AS _nth
+                      FROM ({union}))
+                WHERE _nth = 1
+                GROUP BY run_id, item_id, sample_index"""
+        )
+    finally:
+        for i in range(len(tables)):
+            con.unregister(f"_scores_{i}")
+
+
+_SCORE_TYPES = {"score_labels": "VARCHAR[]", "score_logprobs": "DOUBLE[]"}
+
+
+def _with_scores(view: str, columns: Sequence[str], staged: bool) -> str:
+    """The incoming predictions ``view`` with their score lists: those the rows carry, else the
+    staged scores of their samples (``staged``: ``_scores_in`` exists), else NULL (rows written
+    without the columns, e.g. a Parquet part from before schema v3)."""
+    keep = ", ".join(f"p.{c}" for c in columns if c not in SCORE_COLUMNS)
+
+    def value(c: str) -> str:
+        own = f"p.{c}" if c in columns else f"NULL::{_SCORE_TYPES[c]}"
+        return f"coalesce({own}, s.{c})" if staged else own
+
+    lists = ", ".join(f"{value(c)} AS {c}" for c in SCORE_COLUMNS)
+    if not staged:
+        return f"(SELECT {keep}, {lists} FROM {view} p)"
+    on = " AND ".join(f"p.{k} = s.{k}" for k in _SCORE_KEY)
+    return f"(SELECT {keep}, {lists} FROM {view} p LEFT JOIN _scores_in s ON {on})"
+
+
+def _attach_remaining_scores(con: duckdb.DuckDBPyConnection, predictions: list[pa.Table]) -> None:
+    """Give the staged scores whose samples were not in this batch's predictions to the stored
+    predictions that have none yet (a stored sample's scores are never replaced: idempotent like
+    the other writes); scores of a sample that is not stored at all are refused (ValueError
+    naming it), and the caller's transaction is rolled back with them."""
+    rest = "_scores_in"
+    if predictions:
+        for i, table in enumerate(predictions):
+            con.register(f"_batch_{i}", table.select(list(_SCORE_KEY)))
+        batch = " UNION ALL ".join(f"SELECT * FROM _batch_{i}" for i in range(len(predictions)))
+        on = " AND ".join(f"b.{k} = s.{k}" for k in _SCORE_KEY)
+        con.execute(
+            f"""CREATE OR REPLACE TEMP TABLE _scores_rest AS SELECT * FROM _scores_in s
+                WHERE NOT EXISTS (SELECT 1 FROM ({batch}) b WHERE {on})"""
+        )
+        for i in range(len(predictions)):
+            con.unregister(f"_batch_{i}")
+        rest = "_scores_rest"
+    try:
+        if not scalar(con, f"SELECT count(*) FROM {rest}"):
+            return
+        runs = f"SELECT DISTINCT run_id FROM {rest}"
+        on = " AND ".join(f"t.{k} = s.{k}" for k in _SCORE_KEY)
+        con.execute(
+            f"""UPDATE predictions t SET score_labels = s.score_labels, score_logprobs = s.score_logprobs
+                FROM {rest} s WHERE {on} AND t.score_labels IS NULL AND t.run_id IN ({runs})"""
+        )
+        missing = con.execute(
+            f"""SELECT run_id, item_id, sample_index FROM {rest} s
+                WHERE NOT EXISTS (SELECT 1 FROM predictions t WHERE {on} AND t.run_id IN ({runs}))
+                ORDER BY ALL LIMIT 1"""
+        ).fetchall()
+        if missing:
+            run_id, item_id, sample = missing[0]
+            raise ValueError(
+                f"option scores for run {run_id} item {item_id} sample {sample}, which has no prediction: "
+                "a sample's scores are stored on its prediction row, so write the prediction with them"
+            )
+    finally:
+        con.execute("DROP TABLE IF EXISTS _scores_in")
+        con.execute("DROP TABLE IF EXISTS _scores_rest")
+
+
 def insert_selects(
     con: duckdb.DuckDBPyConnection,
     batches: list[tuple[type[BaseModel], Sequence[BaseModel]]],
@@ -751,5 +947,5 @@ def insert_selects(
     ``append_only`` (see :class:`SelectInsert`) says whether its table is known to hold no row of
     ``run_ids``; None asks the table."""
     if any(sel.table not in HOT_KEYS for sel in selects):
-        raise ValueError("insert_selects writes the hot tables only (predictions, option_scores)")
+        raise ValueError("insert_selects writes the hot table only (predictions, with its option scores)")
     insert_batch(con, batches, selects=selects, run_ids=run_ids)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from equipoise.evaluators.store import connect, insert_table
+from equipoise.evaluators.store import connect, count_rows, insert_batch, insert_table
 
 SPECIALTIES = ["Cardiology", "Neurology", "Pediatrics", "Gastroenterology", "Infectious Diseases"]
 QTYPES = ["diagnosis", "treatment", "diagnostic_test", "definition", "procedure_operation", "other"]
@@ -174,7 +174,6 @@ def make_store(path: Path, spec: SyntheticSpec) -> dict[str, int]:
                         "error": np.full(n * s, None, dtype=object),
                     }
                 )
-                counts["predictions"] = counts.get("predictions", 0) + insert_table(con, "predictions", pred)
                 scores = pa.table(
                     {
                         "run_id": np.full(n * s * m, run_id),
@@ -184,9 +183,11 @@ def make_store(path: Path, spec: SyntheticSpec) -> dict[str, int]:
                         "logprob": logp.ravel(),
                     }
                 )
-                counts["option_scores"] = counts.get("option_scores", 0) + insert_table(
-                    con, "option_scores", scores
-                )
+                # one batch: the scores are folded into the new predictions' lists (schema v3)
+                had = {t: count_rows(con, t) for t in ("predictions", "option_scores")}
+                insert_batch(con, [], tables=[("predictions", pred), ("option_scores", scores)])
+                for table, rows_before in had.items():
+                    counts[table] = counts.get(table, 0) + count_rows(con, table) - rows_before
         counts["runs"] = insert_table(con, "runs", pa.Table.from_pylist(run_rows))
     finally:
         con.close()

@@ -51,9 +51,10 @@ import duckdb
 
 from equipoise.evaluators.store import memory_capped, scalar, sql_literal
 
-SOURCE_TABLES: tuple[str, ...] = ("datasets", "items", "options", "runs", "predictions", "option_scores")
+# the option scores are columns of ``predictions`` (store schema v3): hashing its rows covers them
+SOURCE_TABLES: tuple[str, ...] = ("datasets", "items", "options", "runs", "predictions")
 # tables whose rows each belong to one run (their facts can be refreshed run by run) ...
-RUN_TABLES: tuple[str, ...] = ("runs", "predictions", "option_scores")
+RUN_TABLES: tuple[str, ...] = ("runs", "predictions")
 # ... and the tables every run reads (a change here recomputes every fact)
 SHARED_TABLES: tuple[str, ...] = ("datasets", "items", "options")
 SHARED_KEY = "facts_shared_fingerprint"
@@ -99,8 +100,10 @@ REFRESH_MEMORY_LIMIT = 2 * 2**30
 # facts_sample_probs is no longer stored. No metric read it (a pass over a 1M store whose copy of
 # it was emptied wrote the same bytes for all 30 metrics, benchmarks/RESULTS.md stop 31), yet it
 # was 84.5 MiB of the store's 519 MiB at 1M predictions; each refresh batch now holds it as a TEMP
-# table while it fills facts_scored, and readers get sample_probs from facts_scored
-FACTS_FORMAT = 8
+# table while it fills facts_scored, and readers get sample_probs from facts_scored; 9: store
+# schema v3 keeps the option scores on the prediction rows (``option_scores`` is a view of them), so
+# the fingerprints hash them as part of ``predictions`` and no longer hash the view
+FACTS_FORMAT = 9
 
 
 def _definitions() -> str:
