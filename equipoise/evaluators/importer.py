@@ -811,8 +811,13 @@ def _fast_checked(
         order = sorted(range(len(labels)), key=labels.__getitem__)
         lps = "[" + ", ".join(f"i.{lp[k]}" for k in order) + "]"
         names = "[" + ", ".join(sql_literal(labels[k]) for k in order) + "]"
-        score_cols = f"""nullif(list_filter({names}, lambda x, k: {lps}[k] IS NOT NULL), []) AS score_labels,
-               nullif(list_filter({lps}, lambda x: x IS NOT NULL), []) AS score_logprobs"""
+        # a record that scores every label (the usual case) takes the two lists as they are: the
+        # filters give the same lists and cost about 0.1 s more at 1M records
+        every = " AND ".join(f"i.{c} IS NOT NULL" for c in lp)
+        some_labels = f"nullif(list_filter({names}, lambda x, k: {lps}[k] IS NOT NULL), [])"
+        some_lps = f"nullif(list_filter({lps}, lambda x: x IS NOT NULL), [])"
+        score_cols = f"""CASE WHEN {every} THEN {names} ELSE {some_labels} END AS score_labels,
+               CASE WHEN {every} THEN {lps} ELSE {some_lps} END AS score_logprobs"""
     else:
         score_cols = "NULL::VARCHAR[] AS score_labels, NULL::DOUBLE[] AS score_logprobs"
     pred_sql = f"""
