@@ -641,7 +641,8 @@ def main() -> int:
     total_r = refr["total_s"] if refr else None
     ratio = total_r / total_d if total_d and total_r else None
     print(
-        f"{'TOTAL':<30} {'':>9} {_f(total_d):>9} {_f(total_r):>9} {_f(ratio, 1):>7} "
+        # two decimals: one would print 19.95x as 20.0 next to a goal of 20
+        f"{'TOTAL':<30} {'':>9} {_f(total_d):>9} {_f(total_r):>9} {_f(ratio, 2):>7} "
         f"{sum(m['comparison'].get('mismatches') or 0 for m in per_metric) if compared else '-':>9}"
     )
     for kind, r in runs.items():
