@@ -20,6 +20,7 @@ from equipoise.evaluators.store import (
     insert_table,
 )
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from equipoise.schemas.features import to_table
 
 
 def _pred(item: str, sample: int = 0, run: str = "r1") -> PredictionRow:
@@ -118,3 +119,41 @@ def test_a_changed_score_makes_the_facts_of_its_run_stale(tmp_path: Path) -> Non
     facts.refresh(con)
     assert facts.current(con) is not None
     con.close()
+
+
+def test_a_stored_prediction_without_scores_gets_them_when_it_is_sent_again_with_them(con) -> None:
+    """A batch that re-sends a stored bare prediction with its scores (a resume, a re-import of a
+    richer file): the row is not appended again, and its scores still reach the stored row."""
+    insert(con, PredictionRow, [_pred("x")])
+    insert_batch(con, [(PredictionRow, [_pred("x"), _pred("y")]), (OptionScoreRow, [_score("x", "A", -0.3)])])
+    assert _lists(con) == {("x", 0): (["A"], [-0.3]), ("y", 0): (None, None)}
+
+
+@pytest.mark.parametrize(
+    ("labels", "logprobs"),
+    [([], []), (["B", "A"], [-1.0, -2.0]), (["A", "B"], [-1.0]), (["A", "A"], [-1.0, -2.0]), (["A"], None)],
+)
+def test_arrow_rows_with_broken_score_lists_are_refused(con, labels, logprobs) -> None:
+    """Rows that arrive as an Arrow table (a Parquet part, ``insert_table``) skip the row model's
+    validator; the store checks the same layout and stores nothing of the batch."""
+    row = {**_pred("x").model_dump(), "score_labels": labels, "score_logprobs": logprobs}
+    table = pa.Table.from_pylist([row], schema=to_table(PredictionRow, []).schema)
+    with pytest.raises(ValueError, match="run r1 item x sample 0: score_labels and score_logprobs"):
+        insert_table(con, "predictions", table)
+    assert count_rows(con, "predictions") == 0
+
+
+def test_a_duckdb_error_while_attaching_scores_is_the_error_raised(con, monkeypatch) -> None:
+    """The attach step's TEMP tables go with the rollback; an error inside it reaches the caller
+    as itself, not as the refusal of a cleanup statement in an aborted transaction."""
+    import duckdb
+
+    from equipoise.evaluators import store
+
+    insert(con, PredictionRow, [_pred("x")])
+    monkeypatch.setattr(store, "_SCORE_KEY", ("run_id", "item_id", "no_such_column"))
+    table = pa.Table.from_pylist([_score("x", "A", -0.3).model_dump()])
+    with pytest.raises(duckdb.BinderException, match="no_such_column"):
+        insert_table(con, "option_scores", table)
+    monkeypatch.undo()
+    assert insert_table(con, "option_scores", table) == 1

@@ -37,6 +37,7 @@ from equipoise.evaluators.store import (
     SCORE_COLUMNS,
     TABLE_MODELS,
     connect_memory,
+    count_rows,
     insert_batch,
     primary_key,
     scalar,
@@ -130,11 +131,12 @@ def ingest_parts(
         got = [t for p in parts if (t := read_part_table(p, table)) is not None]
         if got:
             incoming[table] = pa.concat_tables(got)
-    before = {t: int(scalar(con, f"SELECT count(*) FROM {t}")) for t in incoming}
+    # count_rows: the view option_scores counted from its list lengths, not by unnesting every score
+    before = {t: count_rows(con, t) for t in incoming}
     if "predictions" in incoming:
         incoming["predictions"], out.replaced_errors = _answers_first(con, incoming["predictions"])
     insert_batch(con, [], tables=[(t, incoming[t]) for t in TABLE_ORDER if t in incoming])
-    out.added = {t: int(scalar(con, f"SELECT count(*) FROM {t}")) - before[t] for t in incoming}
+    out.added = {t: count_rows(con, t) - before[t] for t in incoming}
     return out
 
 

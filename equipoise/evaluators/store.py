@@ -19,8 +19,8 @@ Tables (schema v1):
 
 Writes are idempotent: a rerun after a crash adds only what is missing, and importing the same file
 twice adds nothing. Small tables have primary keys and ``INSERT OR IGNORE``; from schema v2 the two
-hot tables (predictions, option_scores) have no index and the write path keeps their keys unique
-(stage, anti-join, append; :data:`HOT_KEYS`).
+hot tables (predictions, option_scores; from v3 predictions alone) have no index and the write path
+keeps their keys unique (stage, anti-join, append; :data:`HOT_KEYS`).
 
 Schema v2 adds ``runs.parent_run_id`` (the run a derived run, e.g. a self-evaluation, was made from;
 NULL otherwise) and ``store_meta`` (key/value facts about the store, e.g. the fingerprint of the
@@ -234,7 +234,8 @@ MIGRATIONS: list[tuple[int, str]] = [
                    list(logprob ORDER BY label) AS score_logprobs
             FROM option_scores
             GROUP BY run_id, item_id, sample_index
-        ) s USING (run_id, item_id, sample_index);
+        ) s USING (run_id, item_id, sample_index)
+        ORDER BY p.rowid;  -- the rows in their stored order: the join would shuffle the file's layout
         DROP TABLE predictions;
         ALTER TABLE predictions_v3 RENAME TO predictions;
         DROP TABLE option_scores;
@@ -804,18 +805,26 @@ def insert_batch(
     try:
         if scores:
             _stage_scores(con, scores)
+        # whether every incoming prediction row was appended (then the staged scores of its samples
+        # went in with it, and only the other samples' scores are left to attach)
+        all_appended = True
         for i, (name, table, known_unique) in enumerate(todo):
             view = f"_incoming_{i}"
             con.register(view, table)
             source = view
-            if name == "predictions" and (scores or not set(SCORE_COLUMNS) <= set(table.column_names)):
-                source = _with_scores(view, table.column_names, bool(scores))
-            con.execute(
+            if name == "predictions":
+                _check_score_lists(con, view, table.column_names)
+                if scores or not set(SCORE_COLUMNS) <= set(table.column_names):
+                    source = _with_scores(view, table.column_names, bool(scores))
+            added = con.execute(
                 _append_sql(name, _stored_columns(name, table.column_names), source, unique=known_unique)
-            )
+            ).fetchall()
+            if name == "predictions" and (not added or added[0][0] < table.num_rows):
+                all_appended = False
             con.unregister(view)
         if scores:
-            _attach_remaining_scores(con, [t for name, t, _ in todo if name == "predictions"])
+            predictions = [t for name, t, _ in todo if name == "predictions"]
+            _attach_remaining_scores(con, predictions if all_appended else [])
         for name, columns, query, append_only in selects:
             if append_only is not None:
                 plain = append_only
@@ -890,11 +899,36 @@ def _with_scores(view: str, columns: Sequence[str], staged: bool) -> str:
     return f"(SELECT {keep}, {lists} FROM {view} p LEFT JOIN _scores_in s ON {on})"
 
 
+def _check_score_lists(con: duckdb.DuckDBPyConnection, view: str, columns: Sequence[str]) -> None:
+    """Refuse incoming prediction rows whose own score lists break the layout that
+    ``PredictionRow`` checks (rows that arrive as an Arrow table, e.g. a Parquet part, skip it):
+    the two lists together or not at all, of one non-zero length, the labels distinct and sorted."""
+    if not set(SCORE_COLUMNS) <= set(columns):
+        return
+    bad = con.execute(
+        f"""SELECT run_id, item_id, sample_index FROM {view}
+            WHERE (score_labels IS NULL) <> (score_logprobs IS NULL)
+               OR len(score_labels) = 0 OR len(score_labels) <> len(score_logprobs)
+               OR score_labels <> list_sort(list_distinct(score_labels))
+            LIMIT 1"""
+    ).fetchall()
+    if bad:
+        run_id, item_id, sample = bad[0]
+        raise ValueError(
+            f"prediction run {run_id} item {item_id} sample {sample}: score_labels and score_logprobs must "
+            "be given together, of one non-zero length, the labels distinct and sorted"
+        )
+
+
 def _attach_remaining_scores(con: duckdb.DuckDBPyConnection, predictions: list[pa.Table]) -> None:
-    """Give the staged scores whose samples were not in this batch's predictions to the stored
-    predictions that have none yet (a stored sample's scores are never replaced: idempotent like
-    the other writes); scores of a sample that is not stored at all are refused (ValueError
-    naming it), and the caller's transaction is rolled back with them."""
+    """Give the staged scores whose samples were not among ``predictions`` (the batch's prediction
+    rows, all of them appended with their scores; empty when some were already stored) to the
+    stored predictions that have none yet. A stored sample's scores are never replaced, so a
+    label sent later for a sample stored with scores is not added (idempotent, like the other
+    writes). Scores of a sample that is not stored at all are refused (ValueError naming it), and
+    the caller's transaction is rolled back with them; the TEMP tables go with that rollback, so
+    they are dropped here only on success (a DROP in an aborted transaction would replace the
+    error that aborted it)."""
     rest = "_scores_in"
     if predictions:
         for i, table in enumerate(predictions):
@@ -908,10 +942,12 @@ def _attach_remaining_scores(con: duckdb.DuckDBPyConnection, predictions: list[p
         for i in range(len(predictions)):
             con.unregister(f"_batch_{i}")
         rest = "_scores_rest"
-    try:
-        if not scalar(con, f"SELECT count(*) FROM {rest}"):
-            return
-        runs = f"SELECT DISTINCT run_id FROM {rest}"
+    if scalar(con, f"SELECT count(*) FROM {rest}"):
+        # the runs as literals: DuckDB prunes the predictions' row groups on them, which a subquery
+        # would not let it do
+        runs = ", ".join(
+            sql_literal(r[0]) for r in con.execute(f"SELECT DISTINCT run_id FROM {rest}").fetchall()
+        )
         on = " AND ".join(f"t.{k} = s.{k}" for k in _SCORE_KEY)
         con.execute(
             f"""UPDATE predictions t SET score_labels = s.score_labels, score_logprobs = s.score_logprobs
@@ -928,9 +964,8 @@ def _attach_remaining_scores(con: duckdb.DuckDBPyConnection, predictions: list[p
                 f"option scores for run {run_id} item {item_id} sample {sample}, which has no prediction: "
                 "a sample's scores are stored on its prediction row, so write the prediction with them"
             )
-    finally:
-        con.execute("DROP TABLE IF EXISTS _scores_in")
-        con.execute("DROP TABLE IF EXISTS _scores_rest")
+    con.execute("DROP TABLE IF EXISTS _scores_in")
+    con.execute("DROP TABLE IF EXISTS _scores_rest")
 
 
 def insert_selects(

@@ -362,7 +362,8 @@ def _batches(con: duckdb.DuckDBPyConnection, runs_sql: str) -> list[list[str]]:
 
 def _run_predicate(run_ids: list[str]) -> str:
     """``run_id IN (...)`` with the ids as literals: a constant list DuckDB pushes into the scans
-    of predictions and option_scores (a subquery would be a join after scanning every row)."""
+    of predictions, whose rows hold the option scores (a subquery would be a join after scanning
+    every row)."""
     return f"run_id IN ({', '.join(sql_literal(r) for r in run_ids)})"
 
 
