@@ -698,12 +698,14 @@ def insert_table(con: duckdb.DuckDBPyConnection, name: str, table: pa.Table) -> 
     return count_rows(con, name) - before
 
 
-def count_rows(con: duckdb.DuckDBPyConnection, name: str) -> int:
-    """The rows of table ``name``; for the view ``option_scores``, its scores, counted from the
-    list lengths without unnesting them."""
+def count_rows(con: duckdb.DuckDBPyConnection, name: str, run_id: str | None = None) -> int:
+    """The rows of table ``name`` (those of run ``run_id`` only, where given: DuckDB then reads
+    only that run's row groups); for the view ``option_scores``, its scores, counted from the list
+    lengths without unnesting them."""
+    where = "" if run_id is None else f" WHERE run_id = {sql_literal(run_id)}"
     if name == "option_scores":
-        return int(scalar(con, "SELECT coalesce(sum(len(score_labels)), 0) FROM predictions"))
-    return int(scalar(con, f"SELECT count(*) FROM {name}"))
+        return int(scalar(con, f"SELECT coalesce(sum(len(score_labels)), 0) FROM predictions{where}"))
+    return int(scalar(con, f"SELECT count(*) FROM {name}{where}"))
 
 
 def _append_sql(
@@ -796,10 +798,11 @@ def insert_batch(
     (the importer does), which spares the hot tables the in-batch de-duplication. ``selects``
     (see :func:`insert_selects`) are queries whose rows are appended last, in the same transaction,
     each plainly or through the anti-join as its ``append_only`` says (None: as the table says)."""
-    todo = [(_TABLES[m], to_table(m, list(rows)), False) for m, rows in batches if rows]
-    todo += [(name, t, unique) for name, t in (tables or []) if t.num_rows]
+    # (table, rows, keys known unique, rows validated by their pydantic model)
+    todo = [(_TABLES[m], to_table(m, list(rows)), False, True) for m, rows in batches if rows]
+    todo += [(name, t, unique, False) for name, t in (tables or []) if t.num_rows]
     # option scores are not a table of their own (schema v3): they ride on their predictions
-    scores = [t for name, t, _ in todo if name == "option_scores"]
+    scores = [t for name, t, _, _ in todo if name == "option_scores"]
     todo = [row for row in todo if row[0] != "option_scores"]
     con.execute("BEGIN TRANSACTION")
     try:
@@ -808,12 +811,13 @@ def insert_batch(
         # whether every incoming prediction row was appended (then the staged scores of its samples
         # went in with it, and only the other samples' scores are left to attach)
         all_appended = True
-        for i, (name, table, known_unique) in enumerate(todo):
+        for i, (name, table, known_unique, validated) in enumerate(todo):
             view = f"_incoming_{i}"
             con.register(view, table)
             source = view
             if name == "predictions":
-                _check_score_lists(con, view, table.column_names)
+                if not validated:  # PredictionRow checked a model's lists already
+                    _check_score_lists(con, view, table.column_names)
                 if scores or not set(SCORE_COLUMNS) <= set(table.column_names):
                     source = _with_scores(view, table.column_names, bool(scores))
             added = con.execute(
@@ -823,7 +827,7 @@ def insert_batch(
                 all_appended = False
             con.unregister(view)
         if scores:
-            predictions = [t for name, t, _ in todo if name == "predictions"]
+            predictions = [t for name, t, _, _ in todo if name == "predictions"]
             _attach_remaining_scores(con, predictions if all_appended else [])
         for name, columns, query, append_only in selects:
             if append_only is not None:
@@ -841,7 +845,7 @@ def insert_batch(
         raise
 
 
-_SCORE_KEY = ("run_id", "item_id", "sample_index")
+_SCORE_KEY = HOT_KEYS["predictions"]  # a sample's key: its scores are keyed as its prediction row
 
 
 def _stored_columns(name: str, columns: Sequence[str]) -> list[str]:

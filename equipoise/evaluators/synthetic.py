@@ -184,10 +184,11 @@ def make_store(path: Path, spec: SyntheticSpec) -> dict[str, int]:
                     }
                 )
                 # one batch: the scores are folded into the new predictions' lists (schema v3)
-                had = {t: count_rows(con, t) for t in ("predictions", "option_scores")}
+                # (counted within the run: a count of every score would read the whole store per run)
+                had = {t: count_rows(con, t, run_id) for t in ("predictions", "option_scores")}
                 insert_batch(con, [], tables=[("predictions", pred), ("option_scores", scores)])
                 for table, rows_before in had.items():
-                    counts[table] = counts.get(table, 0) + count_rows(con, table) - rows_before
+                    counts[table] = counts.get(table, 0) + count_rows(con, table, run_id) - rows_before
         counts["runs"] = insert_table(con, "runs", pa.Table.from_pylist(run_rows))
     finally:
         con.close()
