@@ -21,6 +21,8 @@ Python values with None for NULL, for the few loops over a small result's rows (
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,15 +103,20 @@ def _typed(name: str, cols: Columns) -> str:
     return f"SELECT * REPLACE ({cast}) FROM {name}"
 
 
-def _registered(con: duckdb.DuckDBPyConnection, cols: Columns) -> str:
-    """Register ``cols`` on ``con`` under a fresh name (unregister it when done) and return it."""
+@contextmanager
+def registered(con: duckdb.DuckDBPyConnection, cols: Columns) -> Iterator[str]:
+    """``cols`` registered on ``con`` as a table under a fresh name (yielded), for the queries of the
+    ``with`` block to read; unregistered when it ends."""
     name = f"_equipoise_result_{next(_names)}"
     # DuckDB 2.0 refuses to register anything while an earlier execute()'s result is partly unread
     # (a fetchone() of a one-row setting leaves it so); complete() runs such a result to its end
     # without reading it, and does nothing when there is none
     con.complete()
     con.register(name, dict(cols))
-    return name
+    try:
+        yield name
+    finally:
+        con.unregister(name)
 
 
 def write(con: duckdb.DuckDBPyConnection, cols: Columns, path: Path, fmt: str) -> int:
@@ -118,11 +125,8 @@ def write(con: duckdb.DuckDBPyConnection, cols: Columns, path: Path, fmt: str) -
 
     if not cols:
         raise ValueError(f"{path}: a result without columns cannot be written")
-    name = _registered(con, cols)
-    try:
+    with registered(con, cols) as name:
         con.execute(f"COPY ({_typed(name, cols)}) TO {sql_literal(str(path))} ({fmt})")
-    finally:
-        con.unregister(name)
     return n_rows(cols)
 
 
@@ -134,8 +138,5 @@ def to_frame(con: duckdb.DuckDBPyConnection, cols: Columns) -> pd.DataFrame:
         import pandas as pd
 
         return pd.DataFrame()
-    name = _registered(con, cols)
-    try:
+    with registered(con, cols) as name:
         return con.execute(_typed(name, cols)).df()
-    finally:
-        con.unregister(name)

@@ -66,7 +66,9 @@ APS build their units on it, fetching each unit's scores (and coverage_by its co
 the table holds, not by a join on the string keys (run_id, item_id). Over the store's facts the
 table is built without a join on (run_id, item_id) (``_coded``): ``facts_scored`` carries each prediction's
 scores and an integer item code (the item_id's rank in string order, so keyed by it the split is
-the same), and the table keeps the target scores the thresholds read. Otherwise (views, and the
+the same), and the table keeps the target scores the thresholds read; there the split itself is
+selected by numpy from those integer keys (``split_mask``: the same words bit for bit, about half
+the CPU of the SQL below, ``NUMPY_MASK``). Otherwise (views, and the
 sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
 the pass already holds it and the pools are exactly its units (checked in the same query; see
 ``_query``), which in a store of scored MCQ runs they are. The thresholds q_hat of LAC and plain APS
@@ -109,8 +111,9 @@ from collections.abc import Sequence
 from fractions import Fraction
 
 import duckdb
+import numpy as np
 
-from equipoise.evaluators.metrics import columns
+from equipoise.evaluators.metrics import columns, split_mask
 from equipoise.evaluators.metrics.registry import (
     ITEM_CODE,
     POOL_FACT_COLUMNS,
@@ -152,6 +155,10 @@ BAND_BUCKETS = 256
 # grouped once per slice, by the slice's value (2**SLICE_BITS of them); a power of two, so that a
 # slice never straddles two words. Only speed depends on it (fewer, larger groupings vs more, smaller)
 SLICE_BITS = 8
+# over the store's facts, select the option units' split with numpy (``split_mask``) instead of the
+# SQL of ``conf_mask.sql``: the same mask words, about half the CPU; the tests switch it off to
+# compare the two bit for bit
+NUMPY_MASK = True
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
 # unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
@@ -811,11 +818,14 @@ def _split_keys_sql(values: dict, keys: str, coded: bool = False) -> str:
     item_id's rank in string order) and ``s`` the item_id string, which md5 reads; the code is
     then the key and its own rank (any strictly increasing map of the strings gives the same order)."""
     key, rank = ("s", "ukey") if coded else ("ukey", "row_number() OVER (ORDER BY ukey)")
-    based = (
-        f"SELECT ukey, {rank} AS uk, "
-        f"('0x' || substr(md5('{values['seed']}:' || {key}), 1, 16))::UBIGINT AS kb FROM ({keys})"
-    )
+    based = f"SELECT ukey, {rank} AS uk, {_key_base_sql(values['seed'], key)} AS kb FROM ({keys})"
     return f"SELECT * EXCLUDE (kb) FROM ({_split_hashes_sql(values['repeats'], based)})"
+
+
+def _key_base_sql(seed: int, key: str) -> str:
+    """SQL: the split stream's seed s0 of unit key ``key`` (an expression), the first 16 hex digits of
+    md5('<seed>:<key>') as a UBIGINT (module docstring)."""
+    return f"('0x' || substr(md5('{seed}:' || {key}), 1, 16))::UBIGINT"
 
 
 def _split_keys_source(con: duckdb.DuckDBPyConnection | None, values: dict, key_col: str) -> str:
@@ -966,7 +976,75 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     (``_mask_table_name``), so a connection computes it once per unit set and parameters, and finds
     it without rendering the query; the identity query (``_mask_identity_sql``) gives the identity
     columns of the LAC units."""
-    return cached_table(con, _mask_table_name(con, values), lambda: _option_mask_query(con, values))
+    table = _mask_table_name(con, values)
+    if NUMPY_MASK and _coded(con):
+        if table not in temp_tables(con):
+            _coded_mask_table(con, table, values)
+        return table
+    return cached_table(con, table, lambda: _option_mask_query(con, values))
+
+
+def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) -> None:
+    """Create the option units' mask table ``table`` over the store's facts (``_coded``) with the
+    split selected by numpy (``split_mask.calibration_words``): the same rows and columns as
+    ``_option_mask_query``'s, and the same mask words bit for bit, at about half the CPU.
+
+    SQL gives each prediction of the sample its group and stratum numbers, item code, run rank and
+    target scores (``_mask_identity_sql``, staged in a TEMP table), and each item of the units its
+    md5 base; numpy computes the words of the units; SQL joins them back by the rowid sc_row."""
+    identity = _mask_identity_sql(con, values)
+    staged = f"{table}_staged"
+    con.execute(
+        f"""CREATE OR REPLACE TEMP TABLE {staged} AS WITH {identity},
+        run_ranks AS (  -- run_id's rank among the units' runs: the tie-break after the item code
+            SELECT run_id, row_number() OVER (ORDER BY run_id) - 1 AS rk
+            FROM (SELECT DISTINCT run_id FROM units)
+        )
+        SELECT b.* EXCLUDE (run_id), r.rk FROM base b LEFT JOIN run_ranks r USING (run_id)"""
+    )
+    try:
+        # the units stratum by stratum, in integer columns as narrow as their values (this memory is
+        # outside DuckDB's cap): group and stratum numbers, item code, run rank, rowid
+        units = columns.fetch(
+            con,
+            f"SELECT gid::INTEGER AS gid, sid::INTEGER AS sid, ukey, rk::INTEGER AS rk, sc_row "
+            f"FROM {staged} WHERE has_probs ORDER BY gid, sid",
+        )
+        kb = _key_base_sql(values["seed"], "any_value(item_id)")
+        keys = columns.fetch(
+            con,
+            f"SELECT ukey, {kb} AS kb FROM main.facts_scored "
+            f"JOIN (SELECT DISTINCT ukey FROM {staged} WHERE has_probs) ON ukey = {ITEM_CODE} "
+            f"WHERE sample_index = {values['sample_index']} GROUP BY ukey",
+        )
+        gid, sid = units.pop("gid"), units.pop("sid")
+        new = np.flatnonzero((gid[1:] != gid[:-1]) | (sid[1:] != sid[:-1])) + 1
+        sizes = np.diff(np.concatenate(([0], new, [len(gid)]))) if len(gid) else np.zeros(0, np.int64)
+        del gid, sid
+        ukey = units["ukey"]
+        lookup = np.zeros(int(ukey.max()) + 1 if len(ukey) else 1, dtype=np.int32)
+        lookup[keys["ukey"]] = np.arange(len(keys["ukey"]), dtype=np.int32)
+        words = split_mask.calibration_words(
+            sizes,
+            lookup[ukey],
+            ukey,  # the item code is the item_id's rank in string order (registry.ITEM_CODE)
+            units["rk"],
+            keys["kb"],
+            values["repeats"],
+            values["cal_num"],
+            values["cal_den"],
+        )
+        cols = {"sc_row": units["sc_row"], **{f"m{w}": words[w] for w in range(len(words))}}
+        names = ", ".join(f"w.m{w}" for w in range(len(words)))
+        targets = ", ".join(f"t.{c}" for c in _TARGETS.split(", "))
+        with columns.registered(con, cols) as reg:
+            con.execute(
+                f"""CREATE TEMP TABLE {table} AS
+                    SELECT t.gid, t.sid, t.sc_row, {targets}, {names}
+                    FROM {staged} t LEFT JOIN {reg} w USING (sc_row)"""
+            )
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {staged}")
 
 
 def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:

@@ -5,7 +5,8 @@
 -- m1, ... (bit r % 64 of word r // 64 = calibration in repeat r, so any number of repeats fits). It depends
 -- on nothing but the units (group, stratum, run_id, unit key), the seed, the repeats and cal_fraction, never
 -- on a score: conformal.py computes it once per connection and unit set and shares it between LAC, APS and
--- coverage_by when the base relations are fixed.
+-- coverage_by when the base relations are fixed. Over a store's facts the option units' mask is selected by
+-- numpy instead (split_mask.py: the same words; the tests compare the two bit for bit).
 --
 -- Split (the definition): within each group (gid) and stratum (sid) the units are ordered by
 -- (h, ukey, run_id), h = the split hash of the unit key in that repeat (SplitMix64 output rep + 1

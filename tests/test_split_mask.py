@@ -1,0 +1,158 @@
+"""The numpy split of conformal's option units (``split_mask``) against its definitions: the SplitMix64
+stream in plain Python integers and in the SQL the other unit sets use, a full sort of (hash, unit key,
+run) per stratum, and, over a store's facts, the SQL mask table (``conf_mask.sql``) bit for bit."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from equipoise.evaluators.metrics import conformal, split_mask
+from equipoise.evaluators.metrics.registry import REGISTRY, compute, metric_names, prepare
+from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from tests.conftest import with_facts
+
+M64 = (1 << 64) - 1
+
+
+def splitmix_output(seed: int, r: int) -> int:
+    """Output r + 1 of SplitMix64 seeded with ``seed``, in Python's unbounded integers."""
+    z = (seed + (r + 1) * 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+SEEDS = [0, 1, 2**63, M64, 0x0123456789ABCDEF, *(random.Random(7).getrandbits(64) for _ in range(20))]
+
+
+def test_split_hashes_are_splitmix64_outputs() -> None:
+    kb = np.array(SEEDS, dtype=np.uint64)
+    for r in (0, 1, 19, 63, 64, 99):
+        assert split_mask.split_hashes(kb, r).tolist() == [splitmix_output(s, r) for s in SEEDS]
+
+
+def test_split_hashes_equal_the_sql_stream() -> None:
+    """The SQL that every other unit set uses (``conformal._split_hashes_expr``) gives the same hashes."""
+    con = duckdb.connect()
+    repeats = 70
+    expr = conformal._split_hashes_expr(repeats)
+    kb = np.array(SEEDS, dtype=np.uint64)
+    for i, seed in enumerate(SEEDS):
+        got = con.execute(f"SELECT {expr} FROM (SELECT ?::UBIGINT AS kb)", [seed]).fetchone()[0]
+        assert got == [int(split_mask.split_hashes(kb, r)[i]) for r in range(repeats)]
+
+
+def brute_force_words(sizes, key_pos, key_rank, run_rank, kb, repeats, num, den) -> np.ndarray:
+    """The definition, unit by unit: per stratum, sort (h_r, unit key, run) and mark the first n_cal."""
+    n = int(sum(sizes))
+    words = np.zeros(((repeats + 63) // 64, n), dtype=np.uint64)
+    start = 0
+    for size in sizes:
+        units = range(start, start + size)
+        start += size
+        k = (2 * num * size + den) // (2 * den)
+        for r in range(repeats):
+            ranked = sorted(
+                units, key=lambda u: (splitmix_output(int(kb[key_pos[u]]), r), key_rank[u], run_rank[u])
+            )
+            for u in ranked[:k]:
+                words[r // 64, u] |= np.uint64(1 << (r % 64))
+    return words
+
+
+@pytest.mark.parametrize(
+    ("n_keys", "n_runs", "n_strata", "repeats", "cal"),
+    [(40, 3, 4, 7, (3, 10)), (6, 5, 3, 70, (1, 3)), (25, 1, 9, 20, (9, 10)), (12, 4, 12, 5, (1, 100))],
+    ids=["default-like", "heavy-ties-two-words", "one-run", "tiny-fraction"],
+)
+def test_calibration_words_equal_a_full_sort(n_keys, n_runs, n_strata, repeats, cal) -> None:
+    """Units are (key, run) pairs, so every key's runs tie on the hash and the tie-break decides; strata
+    of one or two units get n_cal 0 or 1 (with 1/100, none)."""
+    rng = np.random.default_rng(n_keys * 100 + n_runs)
+    pairs = [(k, r) for k in range(n_keys) for r in range(n_runs) if rng.random() < 0.8]
+    rng.shuffle(pairs)  # within a stratum, in no particular order
+    sizes = np.bincount(rng.integers(0, n_strata, len(pairs)), minlength=n_strata)
+    key = np.array([p[0] for p in pairs])
+    run = np.array([p[1] for p in pairs])
+    kb = rng.integers(0, 1 << 64, n_keys, dtype=np.uint64)  # by key
+    perm = rng.permutation(n_keys)  # where each key's base sits in the array handed over
+    kb_by_pos = np.empty_like(kb)
+    kb_by_pos[perm] = kb
+    args = (sizes, perm[key], key * 3 + 1, run, kb_by_pos, repeats, *cal)
+    np.testing.assert_array_equal(split_mask.calibration_words(*args), brute_force_words(*args))
+
+
+def test_no_units_give_no_words() -> None:
+    none = np.array([], dtype=np.int64)
+    got = split_mask.calibration_words(none, none, none, none, np.array([], np.uint64), 70, 3, 10)
+    assert got.shape == (2, 0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# over a store's facts: the mask table and the metrics, numpy vs SQL
+
+
+@pytest.fixture(scope="module")
+def tied_facts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Facts of a store where a second run of one (model, config) repeats the first run's items with
+    other option scores, so their units tie on the split hash in every repeat, and a run whose
+    items have no option scores (no units)."""
+    path = tmp_path_factory.mktemp("split_mask") / "s.duckdb"
+    make_store(path, SyntheticSpec(n_items=70, samples=2, seed=11))
+    con = duckdb.connect(str(path))
+    run = con.execute("SELECT min(run_id) FROM runs").fetchone()[0]
+    con.execute(
+        f"""INSERT INTO runs SELECT * REPLACE ('{run}-rerun' AS run_id) FROM runs WHERE run_id = '{run}';
+            INSERT INTO predictions SELECT * REPLACE ('{run}-rerun' AS run_id,
+                list_transform(score_logprobs, lambda x: x * 0.5) AS score_logprobs)
+            FROM predictions WHERE run_id = '{run}';
+            INSERT INTO runs SELECT * REPLACE ('{run}-unscored' AS run_id) FROM runs WHERE run_id = '{run}';
+            INSERT INTO predictions SELECT * REPLACE ('{run}-unscored' AS run_id, NULL AS score_labels,
+                NULL AS score_logprobs) FROM predictions WHERE run_id = '{run}';"""
+    )
+    con.close()
+    return with_facts(path, path.with_name("f.duckdb"))
+
+
+CASES = [
+    (["model", "config"], {"repeats": 7, "seed": 3}),
+    (["model"], {"repeats": 70, "seed": 0, "cal_fraction": 0.5}),
+    (["config"], {"repeats": 20, "seed": 5, "stratify": ("target_role", "specialty"), "cal_fraction": 0.1}),
+    ([], {"repeats": 3, "seed": 1, "sample_index": 1}),
+]
+
+
+def _mask_and_metrics(path: Path, numpy_mask: bool, by: list[str], params: dict, monkeypatch) -> tuple:
+    monkeypatch.setattr(conformal, "NUMPY_MASK", numpy_mask)
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        assert conformal._coded(con)
+        full = {**REGISTRY["conformal_lac"].params, **params}
+        values = conformal._common(by, full)
+        table = conformal._option_mask_table(con, values)
+        mask = con.execute(f"SELECT * FROM {table} ORDER BY sc_row").df()
+        schema = con.execute(f"DESCRIBE {table}").fetchall()
+        frames = [compute(con, name, by, params) for name in ("conformal_lac", "conformal_aps")]
+        frames.append(compute(con, "conformal_coverage_by", by, params))
+    finally:
+        con.close()
+    return mask, schema, frames
+
+
+@pytest.mark.parametrize(("by", "params"), CASES, ids=["default", "two-words", "strata", "ungrouped"])
+def test_numpy_mask_table_equals_the_sql_one(tied_facts, by, params, monkeypatch) -> None:
+    metric_names()
+    mask_np, schema_np, frames_np = _mask_and_metrics(tied_facts, True, by, params, monkeypatch)
+    mask_sql, schema_sql, frames_sql = _mask_and_metrics(tied_facts, False, by, params, monkeypatch)
+    assert schema_np == schema_sql
+    assert mask_np["m0"].notna().sum() > 0 and mask_np["m0"].isna().sum() > 0  # units and non-units
+    pd.testing.assert_frame_equal(mask_np, mask_sql, check_exact=True)
+    for got, want in zip(frames_np, frames_sql, strict=True):
+        pd.testing.assert_frame_equal(got, want, check_exact=True)
