@@ -156,3 +156,28 @@ def test_numpy_mask_table_equals_the_sql_one(tied_facts, by, params, monkeypatch
     pd.testing.assert_frame_equal(mask_np, mask_sql, check_exact=True)
     for got, want in zip(frames_np, frames_sql, strict=True):
         pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_above_the_unit_limit_the_sql_mask_is_built(tied_facts, monkeypatch) -> None:
+    """Above ``NUMPY_MASK_MAX_UNITS`` units the numpy arrays would outgrow what the pass's memory cap
+    sets aside for memory outside DuckDB: the mask table is then the SQL one (the numpy path's
+    staging table is never made), with the same rows."""
+    metric_names()
+    by, params = CASES[0]
+    mask_np, _, _ = _mask_and_metrics(tied_facts, True, by, params, monkeypatch)
+    made: list[str] = []
+    monkeypatch.setattr(conformal, "_coded_mask_table", lambda con, table, values: made.append(table))
+    monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_UNITS", len(mask_np[mask_np["m0"].notna()]) - 1)
+    mask_big, _, _ = _mask_and_metrics(tied_facts, True, by, params, monkeypatch)
+    assert made == []
+    pd.testing.assert_frame_equal(mask_big, mask_np, check_exact=True)
+    monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_UNITS", len(mask_np[mask_np["m0"].notna()]))
+    # at the limit itself, the numpy path
+    con = duckdb.connect(str(tied_facts), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        values = conformal._common(by, {**REGISTRY["conformal_lac"].params, **params})
+        conformal._option_mask_table(con, values)
+    finally:
+        con.close()
+    assert len(made) == 1

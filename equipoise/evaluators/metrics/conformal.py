@@ -68,7 +68,8 @@ table is built without a join on (run_id, item_id) (``_coded``): ``facts_scored`
 scores and an integer item code (the item_id's rank in string order, so keyed by it the split is
 the same), and the table keeps the target scores the thresholds read; there the split itself is
 selected by numpy from those integer keys (``split_mask``: the same words bit for bit, about half
-the CPU of the SQL below, ``NUMPY_MASK``). Otherwise (views, and the
+the CPU of the SQL below, ``NUMPY_MASK``; up to ``NUMPY_MASK_MAX_UNITS`` units, as its arrays are
+outside DuckDB's memory cap). Otherwise (views, and the
 sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
 the pass already holds it and the pools are exactly its units (checked in the same query; see
 ``_query``), which in a store of scored MCQ runs they are. The thresholds q_hat of LAC and plain APS
@@ -129,6 +130,7 @@ from equipoise.evaluators.metrics.registry import (
     temp_tables,
     uses_facts,
 )
+from equipoise.evaluators.store import scalar
 
 # columns a split may be stratified by, or coverage reported by
 CONF_STRATA: tuple[str, ...] = (
@@ -159,6 +161,14 @@ SLICE_BITS = 8
 # SQL of ``conf_mask.sql``: the same mask words, about half the CPU; the tests switch it off to
 # compare the two bit for bit
 NUMPY_MASK = True
+# ... for at most this many units (predictions of the sample with option scores). Its arrays live
+# outside DuckDB's memory limit, about 50 bytes per unit, and the pass's cap sets aside only 48 MiB
+# plus 3% of its limit for all such memory (``registry.PASS_OUTSIDE_*``). Measured at stop 33
+# (benchmarks/RESULTS.md): 26 MiB at 475k units, where the 1M-prediction passes peaked 365-377 MiB
+# under a 415 MiB file, and 239 MiB at 4.75M units, more than the 155 MiB set aside there. The
+# limit keeps the arrays near the size measured to fit; above it the SQL form runs, whose memory is
+# DuckDB's and under the cap, and which at 4.75M units was as fast (6.74 against 6.44 s)
+NUMPY_MASK_MAX_UNITS = 750_000
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
 # unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
@@ -977,10 +987,17 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     it without rendering the query; the identity query (``_mask_identity_sql``) gives the identity
     columns of the LAC units."""
     table = _mask_table_name(con, values)
-    if NUMPY_MASK and _coded(con):
-        if table not in temp_tables(con):
-            _coded_mask_table(con, table, values)
+    if table in temp_tables(con):
         return table
+    if NUMPY_MASK and _coded(con):
+        n_units = scalar(
+            con,
+            "SELECT count(*) FROM main.facts_scored "
+            f"WHERE sample_index = {values['sample_index']} AND n_scored IS NOT NULL",
+        )
+        if n_units <= NUMPY_MASK_MAX_UNITS:
+            _coded_mask_table(con, table, values)
+            return table
     return cached_table(con, table, lambda: _option_mask_query(con, values))
 
 
