@@ -129,7 +129,17 @@ CASES = [
 
 
 def _mask_and_metrics(path: Path, numpy_mask: bool, by: list[str], params: dict, monkeypatch) -> tuple:
+    """The option units' mask table, its schema and the three option metrics, with the numpy split
+    on or off; asserts that the numpy path built the table exactly when it was on."""
     monkeypatch.setattr(conformal, "NUMPY_MASK", numpy_mask)
+    built: list[bool] = []
+    real = conformal._coded_mask_table
+
+    def spy(con, table, values):
+        built.append(real(con, table, values))
+        return built[-1]
+
+    monkeypatch.setattr(conformal, "_coded_mask_table", spy)
     con = duckdb.connect(str(path), read_only=True)
     try:
         prepare(con, materialize=True)
@@ -143,6 +153,7 @@ def _mask_and_metrics(path: Path, numpy_mask: bool, by: list[str], params: dict,
         frames.append(compute(con, "conformal_coverage_by", by, params))
     finally:
         con.close()
+    assert built == ([True] if numpy_mask else [])
     return mask, schema, frames
 
 
@@ -158,26 +169,66 @@ def test_numpy_mask_table_equals_the_sql_one(tied_facts, by, params, monkeypatch
         pd.testing.assert_frame_equal(got, want, check_exact=True)
 
 
-def test_above_the_unit_limit_the_sql_mask_is_built(tied_facts, monkeypatch) -> None:
-    """Above ``NUMPY_MASK_MAX_UNITS`` units the numpy arrays would outgrow what the pass's memory cap
-    sets aside for memory outside DuckDB: the mask table is then the SQL one (the numpy path's
-    staging table is never made), with the same rows."""
+def test_a_sample_without_units_gives_the_same_empty_table(tied_facts, monkeypatch) -> None:
+    """A sample no prediction has (sample_index 7): no units, no rows, the same columns."""
     metric_names()
-    by, params = CASES[0]
-    mask_np, _, _ = _mask_and_metrics(tied_facts, True, by, params, monkeypatch)
+    by, params = ["model"], {"repeats": 70, "seed": 2, "sample_index": 7}
+    got = _mask_and_metrics(tied_facts, True, by, params, monkeypatch)
+    want = _mask_and_metrics(tied_facts, False, by, params, monkeypatch)
+    assert len(got[0]) == 0 and got[1] == want[1]
+    for a, b in zip(got[2], want[2], strict=True):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def _built_by_numpy(path: Path, by: list[str], params: dict, monkeypatch) -> tuple[list[str], pd.DataFrame]:
+    """The tables the numpy path made (none: the SQL made the mask) and the mask table."""
     made: list[str] = []
-    monkeypatch.setattr(conformal, "_coded_mask_table", lambda con, table, values: made.append(table))
-    monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_UNITS", len(mask_np[mask_np["m0"].notna()]) - 1)
-    mask_big, _, _ = _mask_and_metrics(tied_facts, True, by, params, monkeypatch)
-    assert made == []
-    pd.testing.assert_frame_equal(mask_big, mask_np, check_exact=True)
-    monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_UNITS", len(mask_np[mask_np["m0"].notna()]))
-    # at the limit itself, the numpy path
-    con = duckdb.connect(str(tied_facts), read_only=True)
+    real = conformal._coded_mask_table
+
+    def spy(con, table, values):
+        if real(con, table, values):
+            made.append(table)
+            return True
+        return False
+
+    monkeypatch.setattr(conformal, "_coded_mask_table", spy)
+    con = duckdb.connect(str(path), read_only=True)
     try:
         prepare(con, materialize=True)
         values = conformal._common(by, {**REGISTRY["conformal_lac"].params, **params})
-        conformal._option_mask_table(con, values)
+        table = conformal._option_mask_table(con, values)
+        mask = con.execute(f"SELECT * FROM {table} ORDER BY sc_row").df()
     finally:
         con.close()
+    return made, mask
+
+
+def test_above_the_unit_limit_the_sql_mask_is_built(tied_facts, monkeypatch) -> None:
+    """Above ``NUMPY_MASK_MAX_UNITS`` units the numpy arrays would outgrow what the pass's memory cap
+    sets aside for memory outside DuckDB: the mask table is then the SQL one, with the same rows;
+    at the limit itself, the numpy one."""
+    metric_names()
+    by, params = CASES[0]
+    made, mask_np = _built_by_numpy(tied_facts, by, params, monkeypatch)
+    units = int(mask_np["m0"].notna().sum())
+    assert len(made) == 1 and units > 0
+    monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_UNITS", units - 1)
+    made, mask_big = _built_by_numpy(tied_facts, by, params, monkeypatch)
+    assert made == []
+    pd.testing.assert_frame_equal(mask_big, mask_np, check_exact=True)
+    monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_UNITS", units)
+    assert len(_built_by_numpy(tied_facts, by, params, monkeypatch)[0]) == 1
+
+
+def test_many_strata_fall_back_to_the_sql_mask(tied_facts, monkeypatch) -> None:
+    """More (stratum, repeat) steps than ``NUMPY_MASK_MAX_STEPS``: the numpy path gives up before
+    computing anything (the SQL handles many strata in one pass), and the SQL table is the same."""
+    metric_names()
+    by, params = CASES[2]
+    made, mask_np = _built_by_numpy(tied_facts, by, params, monkeypatch)
     assert len(made) == 1
+    strata = len(mask_np[mask_np["m0"].notna()].groupby(["gid", "sid"]))
+    monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_STEPS", strata * params["repeats"] - 1)
+    made, mask_sql = _built_by_numpy(tied_facts, by, params, monkeypatch)
+    assert made == []
+    pd.testing.assert_frame_equal(mask_sql, mask_np, check_exact=True)

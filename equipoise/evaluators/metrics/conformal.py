@@ -67,9 +67,10 @@ the table holds, not by a join on the string keys (run_id, item_id). Over the st
 table is built without a join on (run_id, item_id) (``_coded``): ``facts_scored`` carries each prediction's
 scores and an integer item code (the item_id's rank in string order, so keyed by it the split is
 the same), and the table keeps the target scores the thresholds read; there the split itself is
-selected by numpy from those integer keys (``split_mask``: the same words bit for bit, about half
-the CPU of the SQL below, ``NUMPY_MASK``; up to ``NUMPY_MASK_MAX_UNITS`` units, as its arrays are
-outside DuckDB's memory cap). Otherwise (views, and the
+selected by numpy from those integer keys (``split_mask``: the same words bit for bit, 0.68-0.78
+against 1.05-1.25 s of one thread at 1M predictions, ``NUMPY_MASK``; up to ``NUMPY_MASK_MAX_UNITS``
+units, as its arrays are outside DuckDB's memory cap, and ``NUMPY_MASK_MAX_STEPS``). Otherwise
+(views, and the
 sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
 the pass already holds it and the pools are exactly its units (checked in the same query; see
 ``_query``), which in a store of scored MCQ runs they are. The thresholds q_hat of LAC and plain APS
@@ -158,7 +159,8 @@ BAND_BUCKETS = 256
 # slice never straddles two words. Only speed depends on it (fewer, larger groupings vs more, smaller)
 SLICE_BITS = 8
 # over the store's facts, select the option units' split with numpy (``split_mask``) instead of the
-# SQL of ``conf_mask.sql``: the same mask words, about half the CPU; the tests switch it off to
+# SQL of ``conf_mask.sql``: the same mask words, 0.68-0.78 against 1.05-1.25 s of one thread at 1M
+# predictions (benchmarks/RESULTS.md, stop 33); the tests switch it off to
 # compare the two bit for bit
 NUMPY_MASK = True
 # ... for at most this many units (predictions of the sample with option scores). Its arrays live
@@ -169,6 +171,10 @@ NUMPY_MASK = True
 # limit keeps the arrays near the size measured to fit; above it the SQL form runs, whose memory is
 # DuckDB's and under the cap, and which at 4.75M units was as fast (6.74 against 6.44 s)
 NUMPY_MASK_MAX_UNITS = 750_000
+# ... and for at most this many (stratum, repeat) steps: numpy selects each stratum's cutoff in one
+# step of a Python loop over strata and repeats (~10 us each at 1M predictions: 0.23 s for 33 strata
+# x 20 repeats, 0.41 s for 1,000 x 20), where the SQL handles every stratum in one set-based pass
+NUMPY_MASK_MAX_STEPS = 20_000
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
 # unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
@@ -995,16 +1001,21 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict) -> str:
             "SELECT count(*) FROM main.facts_scored "
             f"WHERE sample_index = {values['sample_index']} AND n_scored IS NOT NULL",
         )
-        if n_units <= NUMPY_MASK_MAX_UNITS:
-            _coded_mask_table(con, table, values)
+        if n_units <= NUMPY_MASK_MAX_UNITS and _coded_mask_table(con, table, values):
             return table
-    return cached_table(con, table, lambda: _option_mask_query(con, values))
+    con.execute(f"CREATE TEMP TABLE {table} AS {_option_mask_query(con, values)}")
+    return table
 
 
-def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) -> None:
+def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) -> bool:
     """Create the option units' mask table ``table`` over the store's facts (``_coded``) with the
     split selected by numpy (``split_mask.calibration_words``): the same rows and columns as
-    ``_option_mask_query``'s, and the same mask words bit for bit, at about half the CPU.
+    ``_option_mask_query``'s, and the same mask words bit for bit. Returns False, creating nothing,
+    where the units fall in more strata than ``NUMPY_MASK_MAX_STEPS`` allows (the SQL is then faster).
+
+    The items' md5 bases are computed here, not read from the split keys' TEMP table
+    (``_split_keys_source``): sampling pools that are not the option units compute that table, and
+    md5 runs again for them.
 
     SQL gives each prediction of the sample its group and stratum numbers, item code, run rank and
     target scores (``_mask_identity_sql``, staged in a TEMP table), and each item of the units its
@@ -1038,12 +1049,17 @@ def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) 
         new = np.flatnonzero((gid[1:] != gid[:-1]) | (sid[1:] != sid[:-1])) + 1
         sizes = np.diff(np.concatenate(([0], new, [len(gid)]))) if len(gid) else np.zeros(0, np.int64)
         del gid, sid
+        if len(sizes) * values["repeats"] > NUMPY_MASK_MAX_STEPS:
+            return False
         ukey = units["ukey"]
-        lookup = np.zeros(int(ukey.max()) + 1 if len(ukey) else 1, dtype=np.int32)
+        lookup = np.full(int(ukey.max()) + 1 if len(ukey) else 1, -1, dtype=np.int32)
         lookup[keys["ukey"]] = np.arange(len(keys["ukey"]), dtype=np.int32)
+        key_pos = lookup[ukey]
+        if len(key_pos) and int(key_pos.min()) < 0:  # the keys query missed a unit's item: a bug here
+            raise RuntimeError(f"{table}: {int(np.sum(key_pos < 0))} units have no split key")
         words = split_mask.calibration_words(
             sizes,
-            lookup[ukey],
+            key_pos,
             ukey,  # the item code is the item_id's rank in string order (registry.ITEM_CODE)
             units["rk"],
             keys["kb"],
@@ -1053,13 +1069,14 @@ def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) 
         )
         cols = {"sc_row": units["sc_row"], **{f"m{w}": words[w] for w in range(len(words))}}
         names = ", ".join(f"w.m{w}" for w in range(len(words)))
-        targets = ", ".join(f"t.{c}" for c in _TARGETS.split(", "))
+        targets = ", ".join(f"t.{c}" for c in _TARGET_COLS)
         with columns.registered(con, cols) as reg:
             con.execute(
                 f"""CREATE TEMP TABLE {table} AS
                     SELECT t.gid, t.sid, t.sc_row, {targets}, {names}
                     FROM {staged} t LEFT JOIN {reg} w USING (sc_row)"""
             )
+        return True
     finally:
         con.execute(f"DROP TABLE IF EXISTS {staged}")
 
@@ -1085,7 +1102,8 @@ def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
 # what the option mask table carries of each unit's target where it is built from the facts
 # (``_coded``): its scores, which the thresholds read, and whether the backend scored it, which is
 # all conformal_lac reads of its units when it adds up coverage_by's test sums (``_query``)
-_TARGETS = "lac_target, aps_target, has_target"
+_TARGET_COLS = ("lac_target", "aps_target", "has_target")
+_TARGETS = ", ".join(_TARGET_COLS)
 _TARGET_EXPRS = "lac_target, aps_target, target_prob IS NOT NULL AS has_target"
 
 

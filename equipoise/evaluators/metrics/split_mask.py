@@ -4,18 +4,21 @@ What it computes is exactly the split that ``sql/conf_mask.sql`` defines (the mo
 ``conformal`` documents the random stream): within each stratum (group x stratum value) the units
 are ordered by (h_r, unit key, run_id), h_r = output r + 1 of SplitMix64 seeded with the unit key's
 md5 base, and the first round_half_up(cal_fraction * N) are calibration in repeat r. The result is
-the same mask words, bit for bit (the tests compare the two on every kind of store they build).
+the same mask words, bit for bit (``tests/test_split_mask.py`` compares the two on a store whose
+runs tie on every hash, and this module with a full sort of each stratum).
 
 Why a second implementation. Over the store's facts the units carry small integer keys (the item
 code, a run rank, the stratum number), and the split is then a selection problem per stratum and
 repeat: the n_cal-th smallest hash, found by ``np.partition`` in linear time, decides every unit
 but the few whose hash equals it, which the tie-break orders. The SQL form cannot partition; it
 lists and sorts a window of keys around the expected cutoff for every repeat side by side, in one
-scan, and packs the answers into words with one CASE per repeat, which at 1M predictions (475k
-units, 20 repeats) took 0.9-1.2 CPU s with the split hashes against about 0.5 s here, the largest
-single item of a metrics pass (benchmarks/RESULTS.md, stop 33). The SQL form stays the definition
-for every other unit set (views, TEMP base relations, the sampling pools), where units are keyed by
-strings.
+scan, and packs the answers into words with one CASE per repeat. At 1M predictions (475k units,
+20 repeats) the mask table took 1.05-1.25 s of one thread that way, with the split hashes, the
+largest single item of a metrics pass, against 0.68-0.78 s with this module (benchmarks/RESULTS.md,
+stop 33). The SQL form stays the definition for every other unit set (views, TEMP base relations,
+the sampling pools), where units are keyed by strings, and runs over the facts too where the units
+are many (``conformal.NUMPY_MASK_MAX_UNITS``: these arrays are outside DuckDB's memory cap) or fall
+in many strata (``conformal.NUMPY_MASK_MAX_STEPS``).
 
 Nothing here loops over units in Python: the loops are over repeats and strata (20 x a few dozen
 at the defaults), each step a vectorized numpy operation over a stratum's units.
@@ -35,9 +38,8 @@ def split_hashes(kb: np.ndarray, r: int) -> np.ndarray:
     z = kb + (r + 1) * gamma, z = (z ^ z >> 30) * m1, z = (z ^ z >> 27) * m2, h = z ^ z >> 31, all
     mod 2**64 (numpy's uint64 arithmetic wraps, which is the mod)."""
     z = kb + np.uint64(((r + 1) * _GAMMA) & _M64)
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * _MUL[0]
-        z = (z ^ (z >> np.uint64(27))) * _MUL[1]
+    z = (z ^ (z >> np.uint64(30))) * _MUL[0]
+    z = (z ^ (z >> np.uint64(27))) * _MUL[1]
     return z ^ (z >> np.uint64(31))
 
 
