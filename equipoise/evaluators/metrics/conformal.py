@@ -67,8 +67,8 @@ the table holds, not by a join on the string keys (run_id, item_id). Over the st
 table is built without a join on (run_id, item_id) (``_coded``): ``facts_scored`` carries each prediction's
 scores and an integer item code (the item_id's rank in string order, so keyed by it the split is
 the same), and the table keeps the target scores the thresholds read; there the split itself is
-selected by numpy from those integer keys (``split_mask``: the same words bit for bit, 0.68-0.78
-against 1.05-1.25 s of one thread at 1M predictions, ``NUMPY_MASK``; up to ``NUMPY_MASK_MAX_UNITS``
+selected by numpy from those integer keys (``split_mask``: the same words bit for bit, 0.67-0.78
+against 1.05-1.35 s of one thread at 1M predictions, ``NUMPY_MASK``; up to ``NUMPY_MASK_MAX_UNITS``
 units, as its arrays are outside DuckDB's memory cap, and ``NUMPY_MASK_MAX_STEPS``). Otherwise
 (views, and the
 sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
@@ -159,7 +159,7 @@ BAND_BUCKETS = 256
 # slice never straddles two words. Only speed depends on it (fewer, larger groupings vs more, smaller)
 SLICE_BITS = 8
 # over the store's facts, select the option units' split with numpy (``split_mask``) instead of the
-# SQL of ``conf_mask.sql``: the same mask words, 0.68-0.78 against 1.05-1.25 s of one thread at 1M
+# SQL of ``conf_mask.sql``: the same mask words, 0.67-0.78 against 1.05-1.35 s of one thread at 1M
 # predictions (benchmarks/RESULTS.md, stop 33); the tests switch it off to
 # compare the two bit for bit
 NUMPY_MASK = True

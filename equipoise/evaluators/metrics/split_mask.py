@@ -13,8 +13,8 @@ repeat: the n_cal-th smallest hash, found by ``np.partition`` in linear time, de
 but the few whose hash equals it, which the tie-break orders. The SQL form cannot partition; it
 lists and sorts a window of keys around the expected cutoff for every repeat side by side, in one
 scan, and packs the answers into words with one CASE per repeat. At 1M predictions (475k units,
-20 repeats) the mask table took 1.05-1.25 s of one thread that way, with the split hashes, the
-largest single item of a metrics pass, against 0.68-0.78 s with this module (benchmarks/RESULTS.md,
+20 repeats) the mask table took 1.05-1.35 s of one thread that way, with the split hashes, the
+largest single item of a metrics pass, against 0.67-0.78 s with this module (benchmarks/RESULTS.md,
 stop 33). The SQL form stays the definition for every other unit set (views, TEMP base relations,
 the sampling pools), where units are keyed by strings, and runs over the facts too where the units
 are many (``conformal.NUMPY_MASK_MAX_UNITS``: these arrays are outside DuckDB's memory cap) or fall
