@@ -1031,12 +1031,18 @@ def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) 
         SELECT b.* EXCLUDE (run_id), r.rk FROM base b LEFT JOIN run_ranks r USING (run_id)"""
     )
     try:
+        # the strata's unit counts, in the order the units are fetched below; too many strata: the
+        # SQL's one set-based pass is faster, and nothing is fetched
+        sizes = columns.fetch(
+            con, f"SELECT count(*) AS n FROM {staged} WHERE has_probs GROUP BY gid, sid ORDER BY gid, sid"
+        )["n"]
+        if len(sizes) * values["repeats"] > NUMPY_MASK_MAX_STEPS:
+            return False
         # the units stratum by stratum, in integer columns as narrow as their values (this memory is
-        # outside DuckDB's cap): group and stratum numbers, item code, run rank, rowid
+        # outside DuckDB's cap): item code, run rank, rowid
         units = columns.fetch(
             con,
-            f"SELECT gid::INTEGER AS gid, sid::INTEGER AS sid, ukey, rk::INTEGER AS rk, sc_row "
-            f"FROM {staged} WHERE has_probs ORDER BY gid, sid",
+            f"SELECT ukey, rk::INTEGER AS rk, sc_row FROM {staged} WHERE has_probs ORDER BY gid, sid",
         )
         kb = _key_base_sql(values["seed"], "any_value(item_id)")
         keys = columns.fetch(
@@ -1045,12 +1051,6 @@ def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) 
             f"JOIN (SELECT DISTINCT ukey FROM {staged} WHERE has_probs) ON ukey = {ITEM_CODE} "
             f"WHERE sample_index = {values['sample_index']} GROUP BY ukey",
         )
-        gid, sid = units.pop("gid"), units.pop("sid")
-        new = np.flatnonzero((gid[1:] != gid[:-1]) | (sid[1:] != sid[:-1])) + 1
-        sizes = np.diff(np.concatenate(([0], new, [len(gid)]))) if len(gid) else np.zeros(0, np.int64)
-        del gid, sid
-        if len(sizes) * values["repeats"] > NUMPY_MASK_MAX_STEPS:
-            return False
         ukey = units["ukey"]
         lookup = np.full(int(ukey.max()) + 1 if len(ukey) else 1, -1, dtype=np.int32)
         lookup[keys["ukey"]] = np.arange(len(keys["ukey"]), dtype=np.int32)
