@@ -128,10 +128,11 @@ CASES = [
 ]
 
 
-def _mask_and_metrics(path: Path, numpy_mask: bool, by: list[str], params: dict, monkeypatch) -> tuple:
-    """The option units' mask table, its schema and the three option metrics, with the numpy split
-    on or off; asserts that the numpy path built the table exactly when it was on."""
-    monkeypatch.setattr(conformal, "NUMPY_MASK", numpy_mask)
+def _mask_run(path: Path, by: list[str], params: dict, monkeypatch, metrics: bool = False) -> tuple:
+    """Build the option units' mask table on a fresh read-only connection: what the numpy path
+    returned each time it was asked (True: it built the table; False: it left it to the SQL; no
+    call: the SQL from the start), the table, and with ``metrics`` its schema and the three option
+    metrics."""
     built: list[bool] = []
     real = conformal._coded_mask_table
 
@@ -144,17 +145,26 @@ def _mask_and_metrics(path: Path, numpy_mask: bool, by: list[str], params: dict,
     try:
         prepare(con, materialize=True)
         assert conformal._coded(con)
-        full = {**REGISTRY["conformal_lac"].params, **params}
-        values = conformal._common(by, full)
+        values = conformal._common(by, {**REGISTRY["conformal_lac"].params, **params})
         table = conformal._option_mask_table(con, values)
         mask = con.execute(f"SELECT * FROM {table} ORDER BY sc_row").df()
+        if not metrics:
+            return built, mask
         schema = con.execute(f"DESCRIBE {table}").fetchall()
         frames = [compute(con, name, by, params) for name in ("conformal_lac", "conformal_aps")]
         frames.append(compute(con, "conformal_coverage_by", by, params))
     finally:
         con.close()
+    return built, mask, schema, frames
+
+
+def _mask_and_metrics(path: Path, numpy_mask: bool, by: list[str], params: dict, monkeypatch) -> tuple:
+    """The mask table, its schema and the three option metrics with the numpy split on or off;
+    asserts that the numpy path built the table exactly when it was on."""
+    monkeypatch.setattr(conformal, "NUMPY_MASK", numpy_mask)
+    built, *rest = _mask_run(path, by, params, monkeypatch, metrics=True)
     assert built == ([True] if numpy_mask else [])
-    return mask, schema, frames
+    return tuple(rest)
 
 
 @pytest.mark.parametrize(("by", "params"), CASES, ids=["default", "two-words", "strata", "ungrouped"])
@@ -180,44 +190,21 @@ def test_a_sample_without_units_gives_the_same_empty_table(tied_facts, monkeypat
         pd.testing.assert_frame_equal(a, b, check_exact=True)
 
 
-def _built_by_numpy(path: Path, by: list[str], params: dict, monkeypatch) -> tuple[list[str], pd.DataFrame]:
-    """The tables the numpy path made (none: the SQL made the mask) and the mask table."""
-    made: list[str] = []
-    real = conformal._coded_mask_table
-
-    def spy(con, table, values):
-        if real(con, table, values):
-            made.append(table)
-            return True
-        return False
-
-    monkeypatch.setattr(conformal, "_coded_mask_table", spy)
-    con = duckdb.connect(str(path), read_only=True)
-    try:
-        prepare(con, materialize=True)
-        values = conformal._common(by, {**REGISTRY["conformal_lac"].params, **params})
-        table = conformal._option_mask_table(con, values)
-        mask = con.execute(f"SELECT * FROM {table} ORDER BY sc_row").df()
-    finally:
-        con.close()
-    return made, mask
-
-
 def test_above_the_unit_limit_the_sql_mask_is_built(tied_facts, monkeypatch) -> None:
     """Above ``NUMPY_MASK_MAX_UNITS`` units the numpy arrays would outgrow what the pass's memory cap
     sets aside for memory outside DuckDB: the mask table is then the SQL one, with the same rows;
     at the limit itself, the numpy one."""
     metric_names()
     by, params = CASES[0]
-    made, mask_np = _built_by_numpy(tied_facts, by, params, monkeypatch)
+    built, mask_np = _mask_run(tied_facts, by, params, monkeypatch)
     units = int(mask_np["m0"].notna().sum())
-    assert len(made) == 1 and units > 0
+    assert built == [True] and units > 0
     monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_UNITS", units - 1)
-    made, mask_big = _built_by_numpy(tied_facts, by, params, monkeypatch)
-    assert made == []
+    built, mask_big = _mask_run(tied_facts, by, params, monkeypatch)
+    assert built == []  # not even asked: the unit count decides before any staging
     pd.testing.assert_frame_equal(mask_big, mask_np, check_exact=True)
     monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_UNITS", units)
-    assert len(_built_by_numpy(tied_facts, by, params, monkeypatch)[0]) == 1
+    assert _mask_run(tied_facts, by, params, monkeypatch)[0] == [True]
 
 
 def test_many_strata_fall_back_to_the_sql_mask(tied_facts, monkeypatch) -> None:
@@ -225,10 +212,10 @@ def test_many_strata_fall_back_to_the_sql_mask(tied_facts, monkeypatch) -> None:
     computing anything (the SQL handles many strata in one pass), and the SQL table is the same."""
     metric_names()
     by, params = CASES[2]
-    made, mask_np = _built_by_numpy(tied_facts, by, params, monkeypatch)
-    assert len(made) == 1
+    built, mask_np = _mask_run(tied_facts, by, params, monkeypatch)
+    assert built == [True]
     strata = len(mask_np[mask_np["m0"].notna()].groupby(["gid", "sid"]))
     monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_STEPS", strata * params["repeats"] - 1)
-    made, mask_sql = _built_by_numpy(tied_facts, by, params, monkeypatch)
-    assert made == []
+    built, mask_sql = _mask_run(tied_facts, by, params, monkeypatch)
+    assert built == [False]
     pd.testing.assert_frame_equal(mask_sql, mask_np, check_exact=True)
