@@ -624,17 +624,7 @@ def migrate_store(path: Path) -> tuple[int, int]:
     (version before, version after); a store already at the latest version is left alone.
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such store")
-    check_duckdb_version()
-    try:
-        con = duckdb.connect(str(path))
-    except duckdb.IOException as exc:
-        if "lock" in str(exc).lower():
-            raise StoreLockedError(
-                f"{path}: another process is writing this store; wait for it to finish and run again"
-            ) from exc
-        raise
+    con = _open_for_upkeep(path)
     try:
         before = store_version(con)
         if before > SCHEMA_VERSION:
@@ -664,6 +654,133 @@ def migrate_store(path: Path) -> tuple[int, int]:
             leftover.unlink(missing_ok=True)
         raise
     return before, after
+
+
+def _open_for_upkeep(path: Path) -> duckdb.DuckDBPyConnection:
+    """A writable connection to the existing store file at ``path``, opened as DuckDB finds it (no
+    migration, no version check: ``migrate_store`` and ``compact_store`` do their own); a store
+    another process holds is :class:`StoreLockedError`, a missing one ``FileNotFoundError``."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such store")
+    check_duckdb_version()
+    try:
+        return duckdb.connect(str(path))
+    except duckdb.IOException as exc:
+        if "lock" in str(exc).lower():
+            raise StoreLockedError(
+                f"{path}: another process is writing this store; wait for it to finish and run again"
+            ) from exc
+        raise
+
+
+def _ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _contents(con: duckdb.DuckDBPyConnection, database: str) -> dict[str, object]:
+    """What a faithful copy of ``database`` (a catalog attached to ``con``) must hold: per table of
+    its main schema the columns (name, type, nullability, default), the row count and the sum of
+    the rows' hashes (DuckDB ``hash`` over every column: order-free, one scan per table), plus the
+    definitions of its views, key / check constraints, sequences and macros."""
+
+    def rows(sql: str) -> list[tuple]:
+        return [tuple(r) for r in con.execute(sql, [database]).fetchall()]
+
+    out: dict[str, object] = {}
+    tables = rows(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main' "
+        "ORDER BY table_name"
+    )
+    for (table,) in tables:
+        cols = con.execute(
+            "SELECT column_name, data_type, is_nullable, column_default FROM duckdb_columns() "
+            "WHERE database_name = ? AND schema_name = 'main' AND table_name = ? ORDER BY column_index",
+            [database, table],
+        ).fetchall()
+        hashed = ", ".join(_ident(c[0]) for c in cols)
+        count, total = con.execute(
+            f"SELECT count(*), coalesce(sum(hash({hashed})), 0) FROM {_ident(database)}.main.{_ident(table)}"
+        ).fetchall()[0]
+        out[f"table {table}"] = ([tuple(c) for c in cols], count, total)
+    out["views"] = rows(
+        "SELECT view_name, sql FROM duckdb_views() WHERE database_name = ? AND NOT internal ORDER BY 1"
+    )
+    out["constraints"] = rows(
+        "SELECT table_name, constraint_type, constraint_text FROM duckdb_constraints() "
+        "WHERE database_name = ? AND constraint_type IN ('PRIMARY KEY', 'UNIQUE', 'CHECK', 'FOREIGN KEY') "
+        "ORDER BY ALL"
+    )
+    out["sequences"] = rows(
+        "SELECT sequence_name, start_value, increment_by FROM duckdb_sequences() WHERE database_name = ? "
+        "ORDER BY 1"
+    )
+    out["macros"] = rows(
+        "SELECT DISTINCT function_name FROM duckdb_functions() WHERE database_name = ? AND NOT internal "
+        "ORDER BY 1"
+    )
+    return out
+
+
+def compact_store(path: Path) -> tuple[int, int]:
+    """Rewrite the store file at ``path`` without its free space, atomically; returns the file's
+    size in bytes (before, after).
+
+    Why: DuckDB reuses the free blocks of a file but never returns them to the file system. When the
+    fact tables are rewritten in place (``facts.refresh`` after a package upgrade that changes
+    their definitions, with ``force``, or per changed run) their old rows become free blocks, so a
+    store refreshed once can stay much larger than the same content written fresh (at 1M
+    predictions 687 against 417 MiB, benchmarks/RESULTS.md, stop 33). Backups copy the dead
+    blocks, and a metrics pass sizes its memory cap by the file (``registry.pass_memory_cap``).
+
+    How: one writable connection holds the store's lock throughout. It checkpoints the store (its
+    write-ahead log folded in), copies schema and rows into a fresh file ``<store>.compacting``
+    (DuckDB ``COPY FROM DATABASE``: tables with their keys, views, in the order a scan reads the
+    rows), and compares the copy with the original: per table the columns, the row count and the
+    sum of the rows' hashes, and the views, constraints, sequences and macros by definition
+    (``_contents``). Only when they agree is the copy closed and renamed over the original
+    (``os.replace``, atomic on one file system); any error or difference removes the copy and
+    leaves the store as it was (:class:`StoreError` names a difference). The content is the same,
+    so the facts' fingerprint still matches it and no refresh follows. The copy needs free disk
+    space for the compacted size; the store must not be open elsewhere (DuckDB's lock refuses it).
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".compacting")
+    con = _open_for_upkeep(path)
+    try:
+        con.execute("CHECKPOINT")
+        before = path.stat().st_size
+        for leftover in (tmp, Path(f"{tmp}.wal")):
+            leftover.unlink(missing_ok=True)
+        source = str(scalar(con, "SELECT current_database()"))
+        target = "equipoise_compacted" if source != "equipoise_compacted" else "equipoise_compacted_2"
+        attached = False
+        try:
+            con.execute(f"ATTACH {sql_literal(str(tmp))} AS {_ident(target)}")
+            attached = True
+            con.execute(f"COPY FROM DATABASE {_ident(source)} TO {_ident(target)}")
+            con.execute(f"CHECKPOINT {_ident(target)}")
+            if _contents(con, target) != _contents(con, source):
+                raise StoreError(
+                    f"{path}: the compacted copy differs from the store; the store was left as it was"
+                )
+            con.execute(f"DETACH {_ident(target)}")
+            attached = False
+        except BaseException:
+            if attached:  # closed before it is removed, so nothing writes it again
+                with contextlib.suppress(duckdb.Error):
+                    con.execute(f"DETACH {_ident(target)}")
+            for leftover in (tmp, Path(f"{tmp}.wal")):
+                leftover.unlink(missing_ok=True)
+            raise
+    finally:
+        con.close()
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return before, path.stat().st_size
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
