@@ -1294,6 +1294,15 @@ def store_migrate(
 @store_app.command("compact")
 def store_compact(
     store: Annotated[Path, typer.Argument(help="DuckDB store file to rewrite in place.")],
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-limit",
+            help="DuckDB memory limit while copying (e.g. 2GB; spills go to STORE.tmp). Default: the "
+            "store file's size, at least 1 GiB; much less fails on a large store (its key indexes are "
+            "rebuilt in memory).",
+        ),
+    ] = None,
 ) -> None:
     """Give a store's free space back to the file system: copy its contents into a fresh file,
     check the copy table by table (rows, hashes, keys, views) and swap it in only then. Useful after
@@ -1306,8 +1315,8 @@ def store_compact(
 
     try:
         with console.status(f"compacting {store} ..."):
-            before, after = compact_store(store)
-    except (FileNotFoundError, StoreError, OSError, duckdb.Error) as exc:
+            before, after = compact_store(store, memory_limit)
+    except (FileNotFoundError, ValueError, StoreError, OSError, duckdb.Error) as exc:
         _fail(exc)
     mib = 2**20
     console.print(

@@ -104,8 +104,8 @@ def test_a_copy_that_fails_its_check_leaves_the_store_untouched(tmp_path: Path, 
     def lose_a_row(con: duckdb.DuckDBPyConnection, database: str) -> dict[str, object]:
         got = real(con, database)
         if database.startswith("equipoise_compacted"):
-            cols, count, total = got["table predictions"]
-            got["table predictions"] = (cols, count - 1, total)
+            cols, count, total = got["table main.predictions"]
+            got["table main.predictions"] = (cols, count - 1, total)
         return got
 
     monkeypatch.setattr(st, "_contents", lose_a_row)
@@ -124,6 +124,23 @@ def test_compact_errors_are_one_line(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["store", "compact", str(tmp_path / "missing.duckdb")])
     assert r.exit_code == 2 and "no such store" in r.output and "Traceback" not in r.output
     assert not list(tmp_path.iterdir())
+    path = tmp_path / "s.duckdb"
+    make_store(path, SyntheticSpec(n_items=20, seed=1))
+    sha = _sha(path)
+    r = CliRunner().invoke(app, ["store", "compact", str(path), "--memory-limit", "lots"])
+    assert r.exit_code == 2 and "memory limit 'lots'" in r.output and "Traceback" not in r.output
+    assert _sha(path) == sha and sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]
+
+
+def test_compact_under_a_memory_limit_gives_the_same_store(tmp_path: Path) -> None:
+    """Under a small limit (64 MB, spills going to <store>.tmp): the same tables, and neither spill
+    files nor copies left behind."""
+    path = _bloated_store(tmp_path)
+    before = _tables(path)
+    r = CliRunner().invoke(app, ["store", "compact", str(path), "--memory-limit", "64MB"])
+    assert r.exit_code == 0, r.output
+    assert _tables(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]
 
 
 def test_compact_refuses_a_store_another_process_holds(tmp_path: Path) -> None:
