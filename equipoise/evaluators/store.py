@@ -762,7 +762,7 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
     Memory: ``memory_limit`` (DuckDB syntax), by default the store file's size and at least
     ``COMPACT_MEMORY_FLOOR``, with spills to ``<store>.tmp``. Why table by table and capped: one
     ``COPY FROM DATABASE`` is one transaction, and over a 10M-prediction store (4.0 GiB) under
-    DuckDB's default limit (80% of RAM) it held 8.5 GiB at its peak (101 s); table by table the
+    DuckDB's default limit (80% of RAM) it held 8.3 GiB at its peak (101 s); table by table the
     peak follows the limit (4.2 GiB under the default here, 77 s; 3.0 GiB under 3 GB). The limit
     cannot go far below the store: the primary-key index of ``options`` is rebuilt in memory
     (under 1 GB the copy failed at 10M).
