@@ -539,6 +539,16 @@ class StoreLockedError(StoreError):
     """Another process holds the store's write lock (DuckDB allows one writer per file)."""
 
 
+def _lock_error(path: Path, exc: duckdb.IOException) -> StoreLockedError | None:
+    """The plain error for a DuckDB IO error that says another process holds ``path``'s lock (None
+    for any other IO error): what ``connect`` and ``_open_for_upkeep`` raise instead."""
+    if "lock" not in str(exc).lower():
+        return None
+    return StoreLockedError(
+        f"{path}: another process is writing this store; wait for it to finish and run again"
+    )
+
+
 def connect(
     path: Path, read_only: bool = False, memory_limit: str | None = None
 ) -> duckdb.DuckDBPyConnection:
@@ -570,10 +580,9 @@ def connect(
     except (duckdb.InvalidInputException, duckdb.ParserException) as exc:
         raise ValueError(f"memory limit {memory_limit!r}: {first_line(exc)}") from exc
     except duckdb.IOException as exc:
-        if "lock" in str(exc).lower():
-            raise StoreLockedError(
-                f"{path}: another process is writing this store; wait for it to finish and run again"
-            ) from exc
+        locked = _lock_error(path, exc)
+        if locked is not None:
+            raise locked from exc
         raise
     if memory_limit is not None:
         con.execute(f"SET VARIABLE {MEMORY_LIMIT_VAR} = true")
@@ -666,10 +675,9 @@ def _open_for_upkeep(path: Path) -> duckdb.DuckDBPyConnection:
     try:
         return duckdb.connect(str(path))
     except duckdb.IOException as exc:
-        if "lock" in str(exc).lower():
-            raise StoreLockedError(
-                f"{path}: another process is writing this store; wait for it to finish and run again"
-            ) from exc
+        locked = _lock_error(path, exc)
+        if locked is not None:
+            raise locked from exc
         raise
 
 
