@@ -1319,11 +1319,12 @@ def store_compact(
     except (FileNotFoundError, ValueError, StoreError, OSError, duckdb.Error) as exc:
         _fail(exc)
     mib = 2**20
-    console.print(
-        f"{store}: {before / mib:,.1f} MiB -> {after / mib:,.1f} MiB "
-        f"({(before - after) / mib:,.1f} MiB given back)",
-        highlight=False,
+    change = (
+        f"{(before - after) / mib:,.1f} MiB given back"
+        if after <= before
+        else f"{(after - before) / mib:,.1f} MiB larger: the store had no free space to give back"
     )
+    console.print(f"{store}: {before / mib:,.1f} MiB -> {after / mib:,.1f} MiB ({change})", highlight=False)
 
 
 @app.command()

@@ -90,8 +90,9 @@ def test_compact_gives_the_free_space_back_and_keeps_everything(tmp_path: Path) 
         assert facts.refresh(con) is False  # nothing to recompute
     finally:
         con.close()
-    # a compacted store compacts to the same content again
-    assert st.compact_store(path)[1] <= path.stat().st_size
+    # a compacted store compacts to the same content again, and no larger
+    size = path.stat().st_size
+    assert st.compact_store(path) == (size, path.stat().st_size) and path.stat().st_size <= size
     assert _tables(path) == before_tables
 
 
@@ -120,6 +121,28 @@ def test_a_copy_that_fails_its_check_leaves_the_store_untouched(tmp_path: Path, 
     assert after <= before
 
 
+def test_a_copy_with_one_changed_value_is_caught(tmp_path: Path, monkeypatch) -> None:
+    """The same row count, one value different in the copy: the row hashes must catch it."""
+    path = tmp_path / "s.duckdb"
+    make_store(path, SyntheticSpec(n_items=30, seed=2))
+    sha = _sha(path)
+    real = st._copy_table
+
+    def copy_and_alter(con, source, target, schema, table) -> None:
+        real(con, source, target, schema, table)
+        if table == "predictions":
+            con.execute(
+                f"UPDATE {target}.main.predictions SET latency_ms = coalesce(latency_ms, 0) + 1 "
+                f"WHERE rowid = (SELECT min(rowid) FROM {target}.main.predictions)"
+            )
+
+    monkeypatch.setattr(st, "_copy_table", copy_and_alter)
+    with pytest.raises(st.StoreError, match="differs from the store"):
+        st.compact_store(path)
+    assert _sha(path) == sha
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]
+
+
 def test_compact_errors_are_one_line(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, ["store", "compact", str(tmp_path / "missing.duckdb")])
     assert r.exit_code == 2 and "no such store" in r.output and "Traceback" not in r.output
@@ -133,8 +156,8 @@ def test_compact_errors_are_one_line(tmp_path: Path) -> None:
 
 
 def test_compact_under_a_memory_limit_gives_the_same_store(tmp_path: Path) -> None:
-    """Under a small limit (64 MB, spills going to <store>.tmp): the same tables, and neither spill
-    files nor copies left behind."""
+    """A limit the caller gives (64 MB) is used as given: the same tables, and neither a spill
+    folder nor a copy left behind."""
     path = _bloated_store(tmp_path)
     before = _tables(path)
     r = CliRunner().invoke(app, ["store", "compact", str(path), "--memory-limit", "64MB"])
@@ -151,12 +174,13 @@ def test_compact_refuses_a_store_another_process_holds(tmp_path: Path) -> None:
             sys.executable,
             "-c",
             textwrap.dedent(f"""
-                import time, duckdb
+                import sys, duckdb
                 c = duckdb.connect({str(path)!r})
                 print("locked", flush=True)
-                time.sleep(30)
+                sys.stdin.read()  # holds the store until the test closes this pipe
             """),
         ],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -167,6 +191,12 @@ def test_compact_refuses_a_store_another_process_holds(tmp_path: Path) -> None:
         assert r.exit_code == 2 and "another process is writing" in " ".join(r.output.split())
         assert _sha(path) == sha
         assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]
+        # the lock compact takes before its swap is the one DuckDB holds: a writer fails it
+        with (
+            pytest.raises(st.StoreLockedError, match="another process opened this store"),
+            st._file_locked(path),
+        ):
+            pass
     finally:
         holder.kill()
         holder.wait()

@@ -733,7 +733,7 @@ def _contents(con: duckdb.DuckDBPyConnection, database: str) -> dict[str, object
         "WHERE database_name = ? ORDER BY ALL"
     )
     out["macros"] = rows(
-        "SELECT DISTINCT schema_name, function_name FROM duckdb_functions() "
+        "SELECT DISTINCT schema_name, function_name, macro_definition FROM duckdb_functions() "
         "WHERE database_name = ? AND NOT internal ORDER BY ALL"
     )
     return out
@@ -742,6 +742,39 @@ def _contents(con: duckdb.DuckDBPyConnection, database: str) -> dict[str, object
 # DuckDB's memory_limit while a store is compacted, unless the caller gives one: the store file's
 # size, at least this much (see compact_store)
 COMPACT_MEMORY_FLOOR = 1 << 30
+
+
+def _copy_table(con: duckdb.DuckDBPyConnection, source: str, target: str, schema: str, table: str) -> None:
+    """Append every row of ``source``.``schema``.``table`` to the same table of ``target`` (matched
+    by column name, in the order a scan reads them) and checkpoint ``target``: one transaction per
+    table, so what a table's copy holds in memory is freed before the next."""
+    name = f"{_ident(schema)}.{_ident(table)}"
+    con.execute(f"INSERT INTO {_ident(target)}.{name} BY NAME SELECT * FROM {_ident(source)}.{name}")
+    con.execute(f"CHECKPOINT {_ident(target)}")
+
+
+@contextlib.contextmanager
+def _file_locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``fcntl`` lock on the file ``path`` (the whole-file lock DuckDB takes to
+    write it) for the ``with`` block; a process that holds it already is :class:`StoreLockedError`.
+    Where ``fcntl`` does not exist (Windows) the block runs unlocked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        yield
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            raise StoreLockedError(
+                f"{path}: another process opened this store while it was compacted; "
+                "the store was left as it was, run again when it is free"
+            ) from exc
+        yield
+    finally:
+        os.close(fd)
 
 
 def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int]:
@@ -755,73 +788,86 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
     predictions 687 against 417 MiB, benchmarks/RESULTS.md, stop 33). Backups copy the dead
     blocks, and a metrics pass sizes its memory cap by the file (``registry.pass_memory_cap``).
 
-    How: one writable connection holds the store's lock throughout. It checkpoints the store (its
-    write-ahead log folded in), creates the schema in a fresh file ``<store>.compacting`` (DuckDB
-    ``COPY FROM DATABASE ... (SCHEMA)``: tables with their keys, views, sequences, macros) and
-    copies the rows table by table, each in a transaction of its own followed by a checkpoint, in
-    the order a scan reads them. It then compares the copy with the original: per table the
-    columns, the row count and the sum of the rows' hashes, and the views, constraints, sequences
-    and macros by definition (``_contents``). Only when they agree is the copy closed and renamed
-    over the original (``os.replace``, atomic on one file system); any error or difference removes
-    the copy and leaves the store as it was (:class:`StoreError` names a difference). The content
-    is the same, so the facts' fingerprint still matches it and no refresh follows. Needs free
-    disk space for the compacted size, and the store closed everywhere else.
+    How: a writable connection (DuckDB's lock: no other process can open the store meanwhile)
+    checkpoints the store (its write-ahead log folded in), creates the schema in a fresh file
+    ``<store>.compacting`` (DuckDB ``COPY FROM DATABASE ... (SCHEMA)``: tables with their keys,
+    views, sequences, macros) and copies the rows table by table (``_copy_table``). The copy is
+    then closed, attached again read-only and compared with the original: per table the columns,
+    the row count and the sum of the rows' hashes, and the views, constraints, sequences and macros
+    by definition (``_contents``). The connection is closed, which releases DuckDB's lock; this
+    process then takes the same ``fcntl`` lock itself (``_file_locked``; a process that got in
+    between fails it) and checks that the store's size and modification time are those it had
+    after the checkpoint and that no write-ahead log appeared, before renaming the copy over it
+    (``os.replace``, atomic on one file system). Any error or difference removes the copy and
+    leaves the store as it was (:class:`StoreError` names a difference). The content is the same,
+    so the facts' fingerprint still matches it and no refresh follows. Needs free disk space for
+    the compacted size.
 
     Memory: ``memory_limit`` (DuckDB syntax), by default the store file's size and at least
     ``COMPACT_MEMORY_FLOOR``, with spills to ``<store>.tmp``. Why table by table and capped: one
     ``COPY FROM DATABASE`` is one transaction, and over a 10M-prediction store (4.0 GiB) under
-    DuckDB's default limit (80% of RAM) it held 8.3 GiB at its peak (101 s); table by table the
-    peak follows the limit (4.2 GiB under the default here, 77 s; 3.0 GiB under 3 GB). The limit
-    cannot go far below the store: the primary-key index of ``options`` is rebuilt in memory
-    (under 1 GB the copy failed at 10M).
+    DuckDB's default limit (80% of RAM) it held 8.3 GiB at its peak (101 s); table by table under
+    the default here it peaked at 4.2 GiB (77 s). The limit cannot go far below the store: the
+    primary-key index of ``options`` is rebuilt in memory (a prototype of this copy failed at 10M
+    under 1 GB and peaked at 3.0 GiB under 3 GB).
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".compacting")
-    con = _open_for_upkeep(path)
-    try:
-        con.execute("CHECKPOINT")
-        before = path.stat().st_size
-        limit = memory_limit or f"{max(before, COMPACT_MEMORY_FLOOR)}B"
-        try:
-            con.execute(f"SET memory_limit = {sql_literal(limit)}")
-        except (duckdb.InvalidInputException, duckdb.ParserException) as exc:
-            raise ValueError(f"memory limit {memory_limit!r}: {first_line(exc)}") from exc
-        con.execute(f"SET temp_directory = {sql_literal(f'{path}.tmp')}")
-        con.execute("SET enable_progress_bar = false")
+    wal = Path(f"{path}.wal")
+
+    def remove_copy() -> None:
         for leftover in (tmp, Path(f"{tmp}.wal")):
             leftover.unlink(missing_ok=True)
-        source = str(scalar(con, "SELECT current_database()"))
-        target = "equipoise_compacted" if source != "equipoise_compacted" else "equipoise_compacted_2"
-        attached = False
+
+    con = _open_for_upkeep(path)
+    try:
         try:
+            con.execute("CHECKPOINT")
+            before = path.stat().st_size
+            limit = f"{max(before, COMPACT_MEMORY_FLOOR)}B" if memory_limit is None else memory_limit
+            try:
+                con.execute(f"SET memory_limit = {sql_literal(limit)}")
+            except (duckdb.InvalidInputException, duckdb.ParserException) as exc:
+                raise ValueError(f"memory limit {memory_limit!r}: {first_line(exc)}") from exc
+            con.execute(f"SET temp_directory = {sql_literal(f'{path}.tmp')}")
+            con.execute("SET enable_progress_bar = false")
+            remove_copy()
+            source = str(scalar(con, "SELECT current_database()"))
+            target = "equipoise_compacted" if source != "equipoise_compacted" else "equipoise_compacted_2"
             con.execute(f"ATTACH {sql_literal(str(tmp))} AS {_ident(target)}")
-            attached = True
-            con.execute(f"COPY FROM DATABASE {_ident(source)} TO {_ident(target)} (SCHEMA)")
-            for schema, table in _tables_of(con, source):
-                name = f"{_ident(schema)}.{_ident(table)}"
-                con.execute(
-                    f"INSERT INTO {_ident(target)}.{name} BY NAME SELECT * FROM {_ident(source)}.{name}"
-                )
-                con.execute(f"CHECKPOINT {_ident(target)}")
-            if _contents(con, target) != _contents(con, source):
+            try:
+                con.execute(f"COPY FROM DATABASE {_ident(source)} TO {_ident(target)} (SCHEMA)")
+                for schema, table in _tables_of(con, source):
+                    _copy_table(con, source, target, schema, table)
+            finally:
+                con.execute(f"DETACH {_ident(target)}")
+            # the copy as a reader will find it on disk, not as the writer's memory holds it
+            con.execute(f"ATTACH {sql_literal(str(tmp))} AS {_ident(target)} (READ_ONLY)")
+            try:
+                same = _contents(con, target) == _contents(con, source)
+            finally:
+                con.execute(f"DETACH {_ident(target)}")
+            if not same:
                 raise StoreError(
                     f"{path}: the compacted copy differs from the store; the store was left as it was"
                 )
-            con.execute(f"DETACH {_ident(target)}")
-            attached = False
-        except BaseException:
-            if attached:  # closed before it is removed, so nothing writes it again
-                with contextlib.suppress(duckdb.Error):
-                    con.execute(f"DETACH {_ident(target)}")
-            for leftover in (tmp, Path(f"{tmp}.wal")):
-                leftover.unlink(missing_ok=True)
-            raise
-    finally:
-        con.close()
-    try:
-        os.replace(tmp, path)
+            stamp = (path.stat().st_size, path.stat().st_mtime_ns)
+        except duckdb.OutOfMemoryException as exc:
+            raise StoreError(
+                f"{path}: out of memory while copying ({first_line(exc)}); "
+                "raise --memory-limit; the store was left as it was"
+            ) from exc
+        finally:
+            con.close()
+        with _file_locked(path):
+            if (path.stat().st_size, path.stat().st_mtime_ns) != stamp or wal.exists():
+                raise StoreLockedError(
+                    f"{path}: another process wrote this store while it was compacted; "
+                    "the store was left as it was, run again"
+                )
+            os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        remove_copy()
         raise
     return before, path.stat().st_size
 
