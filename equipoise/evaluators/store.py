@@ -807,7 +807,7 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
     ``COMPACT_MEMORY_FLOOR``, with spills to ``<store>.tmp``. Why table by table and capped: one
     ``COPY FROM DATABASE`` is one transaction, and over a 10M-prediction store (4.0 GiB) under
     DuckDB's default limit (80% of RAM) it held 8.3 GiB at its peak (101 s); table by table under
-    the default here it peaked at 4.2 GiB (77 s). The limit cannot go far below the store: the
+    the default here it peaked at 4.2 GiB (74 s). The limit cannot go far below the store: the
     primary-key index of ``options`` is rebuilt in memory (a prototype of this copy failed at 10M
     under 1 GB and peaked at 3.0 GiB under 3 GB).
     """
