@@ -647,8 +647,7 @@ def migrate_store(path: Path) -> tuple[int, int]:
     finally:
         con.close()
     tmp = path.with_name(path.name + ".migrating")
-    for leftover in (tmp, Path(f"{tmp}.wal")):
-        leftover.unlink(missing_ok=True)
+    _remove_copy(tmp)
     try:
         shutil.copyfile(path, tmp)
         con = duckdb.connect(str(tmp))
@@ -659,10 +658,15 @@ def migrate_store(path: Path) -> tuple[int, int]:
             con.close()
         os.replace(tmp, path)
     except BaseException:
-        for leftover in (tmp, Path(f"{tmp}.wal")):
-            leftover.unlink(missing_ok=True)
+        _remove_copy(tmp)
         raise
     return before, after
+
+
+def _remove_copy(tmp: Path) -> None:
+    """Delete the working copy ``tmp`` of an upkeep command and its write-ahead log, where they exist."""
+    for leftover in (tmp, Path(f"{tmp}.wal")):
+        leftover.unlink(missing_ok=True)
 
 
 def _open_for_upkeep(path: Path) -> duckdb.DuckDBPyConnection:
@@ -814,11 +818,6 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
     path = Path(path)
     tmp = path.with_name(path.name + ".compacting")
     wal = Path(f"{path}.wal")
-
-    def remove_copy() -> None:
-        for leftover in (tmp, Path(f"{tmp}.wal")):
-            leftover.unlink(missing_ok=True)
-
     con = _open_for_upkeep(path)
     try:
         try:
@@ -831,7 +830,7 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
                 raise ValueError(f"memory limit {memory_limit!r}: {first_line(exc)}") from exc
             con.execute(f"SET temp_directory = {sql_literal(f'{path}.tmp')}")
             con.execute("SET enable_progress_bar = false")
-            remove_copy()
+            _remove_copy(tmp)
             source = str(scalar(con, "SELECT current_database()"))
             target = "equipoise_compacted" if source != "equipoise_compacted" else "equipoise_compacted_2"
             con.execute(f"ATTACH {sql_literal(str(tmp))} AS {_ident(target)}")
@@ -851,7 +850,8 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
                 raise StoreError(
                     f"{path}: the compacted copy differs from the store; the store was left as it was"
                 )
-            stamp = (path.stat().st_size, path.stat().st_mtime_ns)
+            stat = path.stat()
+            stamp = (stat.st_size, stat.st_mtime_ns)
         except duckdb.OutOfMemoryException as exc:
             raise StoreError(
                 f"{path}: out of memory while copying ({first_line(exc)}); "
@@ -860,14 +860,15 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
         finally:
             con.close()
         with _file_locked(path):
-            if (path.stat().st_size, path.stat().st_mtime_ns) != stamp or wal.exists():
+            stat = path.stat()
+            if (stat.st_size, stat.st_mtime_ns) != stamp or wal.exists():
                 raise StoreLockedError(
                     f"{path}: another process wrote this store while it was compacted; "
                     "the store was left as it was, run again"
                 )
             os.replace(tmp, path)
     except BaseException:
-        remove_copy()
+        _remove_copy(tmp)
         raise
     return before, path.stat().st_size
 
