@@ -1271,7 +1271,8 @@ def store_migrate(
     store: Annotated[Path, typer.Argument(help="DuckDB store file to upgrade in place.")],
 ) -> None:
     """Upgrade a store to this package's schema version. Works on a copy that replaces the store
-    only when every step succeeded, so a failure leaves the store as it was."""
+    only when every step succeeded, so a failure leaves the store as it was; the store is locked
+    from the copy to the swap (another process opening it then gets DuckDB's lock error)."""
     import duckdb
 
     from equipoise.evaluators.store import StoreError, migrate_store

@@ -194,7 +194,7 @@ def test_compact_refuses_a_store_another_process_holds(tmp_path: Path) -> None:
         # the lock compact takes before its swap is the one DuckDB holds: a writer fails it
         with (
             pytest.raises(st.StoreLockedError, match="another process opened this store"),
-            st._file_locked(path),
+            st._file_locked(path, "compaction"),
         ):
             pass
     finally:

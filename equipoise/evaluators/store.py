@@ -627,10 +627,14 @@ def migrate_store(path: Path) -> tuple[int, int]:
 
     Why a copy: a migration that fails half-way (disk full, a kill, a bug) must leave the user's
     store exactly as it was. The store is first checkpointed (its write-ahead log folded into the
-    file, no content change), then copied to ``<store>.migrating``; the migrations run on the copy,
-    which is checkpointed and closed, and only then renamed over the original (``os.replace``, atomic
-    on one file system). On any error the copy is removed and the original is untouched. Returns
-    (version before, version after); a store already at the latest version is left alone.
+    file, no content change) and closed, which releases DuckDB's lock; this process then takes the
+    same ``fcntl`` lock itself (``_file_locked``), checks that no other process wrote the store in
+    between (``_check_unchanged``) and, holding the lock, copies it to ``<store>.migrating``, runs
+    the migrations on the copy, checkpoints and closes it, and renames it over the original
+    (``os.replace``, atomic on one file system). Under the lock no other process can open the store,
+    so no write can land in the original while the copy is made from it and then be lost under the
+    rename. On any error the copy is removed and the original is untouched. Returns (version
+    before, version after); a store already at the latest version is left alone.
     """
     path = Path(path)
     con = _open_for_upkeep(path)
@@ -644,19 +648,22 @@ def migrate_store(path: Path) -> tuple[int, int]:
         if before == SCHEMA_VERSION:
             return before, before
         con.execute("CHECKPOINT")
+        stamp = _stamp(path)
     finally:
         con.close()
     tmp = path.with_name(path.name + ".migrating")
     _remove_copy(tmp)
     try:
-        shutil.copyfile(path, tmp)
-        con = duckdb.connect(str(tmp))
-        try:
-            after = migrate(con)
-            con.execute("CHECKPOINT")
-        finally:
-            con.close()
-        os.replace(tmp, path)
+        with _file_locked(path, "migration") as fd:
+            _check_unchanged(path, stamp, "migration")
+            _copy_from(fd, tmp)
+            con = duckdb.connect(str(tmp))
+            try:
+                after = migrate(con)
+                con.execute("CHECKPOINT")
+            finally:
+                con.close()
+            os.replace(tmp, path)
     except BaseException:
         _remove_copy(tmp)
         raise
@@ -758,27 +765,63 @@ def _copy_table(con: duckdb.DuckDBPyConnection, source: str, target: str, schema
 
 
 @contextlib.contextmanager
-def _file_locked(path: Path) -> Iterator[None]:
+def _file_locked(path: Path, what: str) -> Iterator[int]:
     """Hold an exclusive ``fcntl`` lock on the file ``path`` (the whole-file lock DuckDB takes to
-    write it) for the ``with`` block; a process that holds it already is :class:`StoreLockedError`.
-    Where ``fcntl`` does not exist (Windows) the block runs unlocked."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on POSIX
-        yield
-        return
+    open it, shared for a reader) for the ``with`` block, which gets the locked file descriptor; a
+    process that holds the file already is :class:`StoreLockedError`, its message naming ``what``
+    this process was doing (the compaction, the migration). Where ``fcntl`` does not exist
+    (Windows) the block runs unlocked.
+
+    Read the file through the descriptor given, never by opening it again: POSIX drops every lock a
+    process holds on a file when it closes *any* descriptor of that file, so a second open and close
+    (``shutil.copyfile``, ``path.read_bytes()``) would end the lock silently."""
     fd = os.open(path, os.O_RDWR)
     try:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on POSIX
+            yield fd
+            return
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             raise StoreLockedError(
-                f"{path}: another process opened this store while it was compacted; "
+                f"{path}: another process opened this store during the {what}; "
                 "the store was left as it was, run again when it is free"
             ) from exc
-        yield
+        yield fd
     finally:
         os.close(fd)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """The size and modification time of the file ``path``: what any write to it changes."""
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _check_unchanged(path: Path, stamp: tuple[int, int], what: str) -> None:
+    """Raise :class:`StoreLockedError` where the store ``path`` no longer has the ``_stamp`` it had
+    when this process closed it, or has a write-ahead log: another process opened it for writing
+    in between, and a copy made earlier (or made now, of a store mid-write) would lose its rows."""
+    if _stamp(path) != stamp or Path(f"{path}.wal").exists():
+        raise StoreLockedError(
+            f"{path}: another process wrote this store during the {what}; "
+            "the store was left as it was, run again"
+        )
+
+
+def _copy_from(fd: int, target: Path) -> None:
+    """Copy the whole file open as ``fd`` (from its start, whatever the descriptor's offset) to a
+    new file ``target``, flushed to disk; ``fd`` stays open (``_file_locked``)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    with os.fdopen(fd, "rb", buffering=0, closefd=False) as src, open(target, "xb") as out:
+        shutil.copyfileobj(src, out, _COPY_CHUNK)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+_COPY_CHUNK = 16 << 20  # bytes per read while a locked store is copied (``_copy_from``)
 
 
 def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int]:
@@ -817,7 +860,6 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".compacting")
-    wal = Path(f"{path}.wal")
     con = _open_for_upkeep(path)
     try:
         try:
@@ -850,8 +892,7 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
                 raise StoreError(
                     f"{path}: the compacted copy differs from the store; the store was left as it was"
                 )
-            stat = path.stat()
-            stamp = (stat.st_size, stat.st_mtime_ns)
+            stamp = _stamp(path)
         except duckdb.OutOfMemoryException as exc:
             raise StoreError(
                 f"{path}: out of memory while copying ({first_line(exc)}); "
@@ -859,13 +900,8 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
             ) from exc
         finally:
             con.close()
-        with _file_locked(path):
-            stat = path.stat()
-            if (stat.st_size, stat.st_mtime_ns) != stamp or wal.exists():
-                raise StoreLockedError(
-                    f"{path}: another process wrote this store while it was compacted; "
-                    "the store was left as it was, run again"
-                )
+        with _file_locked(path, "compaction"):
+            _check_unchanged(path, stamp, "compaction")
             os.replace(tmp, path)
     except BaseException:
         _remove_copy(tmp)

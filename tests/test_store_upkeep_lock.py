@@ -1,0 +1,99 @@
+"""`store migrate` and `store compact` replace the store file with a copy: no write another process
+makes meanwhile may be lost under that rename. Both close DuckDB's connection before the swap, take
+the same file lock themselves and refuse a store written in between; migrate also holds the lock
+while it copies, so nobody can open the store while the copy is made from it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from equipoise.evaluators import store as st
+from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+
+
+def _old_store(tmp_path: Path) -> Path:
+    """An empty store at schema v2, which ``store migrate`` upgrades: the v1 and v2 DDL applied to a
+    new file."""
+    path = tmp_path / "s.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY)")
+    for v, sql in st.MIGRATIONS[:2]:
+        con.execute(sql)
+        con.execute("INSERT INTO schema_version VALUES (?)", [v])
+    con.close()
+    return path
+
+
+def _current_store(tmp_path: Path) -> Path:
+    path = tmp_path / "s.duckdb"
+    make_store(path, SyntheticSpec(n_items=20, seed=1))
+    return path
+
+
+COMMANDS: dict[str, tuple[Callable[[Path], Path], Callable[[Path], object]]] = {
+    "migration": (_old_store, st.migrate_store),
+    "compaction": (_current_store, st.compact_store),
+}
+
+
+@pytest.mark.parametrize("what", sorted(COMMANDS))
+def test_a_write_before_the_lock_stops_the_swap_and_is_kept(tmp_path: Path, monkeypatch, what: str) -> None:
+    """Another process writes the store after the command closed its connection and before it took
+    the lock: the command refuses to rename its copy over the store, and that write is still there."""
+    make, run = COMMANDS[what]
+    path = make(tmp_path)
+    taken = st._file_locked
+
+    def write_then_lock(p: Path, doing: str):
+        other = duckdb.connect(str(p))  # this process, but a write like any other writer's
+        other.execute("CREATE TABLE written_meanwhile AS SELECT 42 AS answer")
+        other.close()
+        return taken(p, doing)
+
+    monkeypatch.setattr(st, "_file_locked", write_then_lock)
+    with pytest.raises(st.StoreLockedError, match=f"another process wrote this store during the {what}"):
+        run(path)
+    monkeypatch.undo()
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        assert con.execute("SELECT answer FROM written_meanwhile").fetchall() == [(42,)]
+    finally:
+        con.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]
+
+
+def _try_open(path: Path, read_only: bool) -> str:
+    """What another process gets when it opens ``path``: 'opened' or the start of its error."""
+    code = textwrap.dedent(f"""
+        import duckdb
+        try:
+            duckdb.connect({str(path)!r}, read_only={read_only}).close()
+            print("opened")
+        except duckdb.IOException as exc:
+            print(str(exc).splitlines()[0])
+    """)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
+def test_no_process_can_open_the_store_while_it_is_migrated(tmp_path: Path, monkeypatch) -> None:
+    """While the copy is migrated the original is locked: a writer and a reader in another process
+    both fail to open it (DuckDB's own lock error), and the migration then completes."""
+    path = _old_store(tmp_path)
+    seen: list[str] = []
+    real = st.migrate
+
+    def migrate_while_probed(con: duckdb.DuckDBPyConnection) -> int:
+        seen.extend(_try_open(path, read_only) for read_only in (False, True))
+        return real(con)
+
+    monkeypatch.setattr(st, "migrate", migrate_while_probed)
+    assert st.migrate_store(path) == (2, st.SCHEMA_VERSION)
+    assert len(seen) == 2 and all("lock" in s.lower() and "opened" not in s for s in seen), seen
+    assert _try_open(path, read_only=False).strip() == "opened"  # released afterwards
