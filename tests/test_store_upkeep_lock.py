@@ -97,3 +97,33 @@ def test_no_process_can_open_the_store_while_it_is_migrated(tmp_path: Path, monk
     assert st.migrate_store(path) == (2, st.SCHEMA_VERSION)
     assert len(seen) == 2 and all("lock" in s.lower() and "opened" not in s for s in seen), seen
     assert _try_open(path, read_only=False).strip() == "opened"  # released afterwards
+
+
+@pytest.mark.parametrize("sendfile", ["kernel", "missing", "fails_half_way"])
+def test_the_locked_copy_is_the_same_bytes(tmp_path: Path, monkeypatch, sendfile: str) -> None:
+    """migrate copies the store through the descriptor it locked: in the kernel (os.sendfile), or
+    by reads where sendfile is missing or stops part of the way, always the same bytes."""
+    src = tmp_path / "src.bin"
+    data = bytes(range(256)) * 4099 + b"tail"  # not a multiple of the chunk
+    src.write_bytes(data)
+    monkeypatch.setattr(st, "_COPY_CHUNK", 1 << 16)
+    if sendfile == "missing":
+        monkeypatch.delattr(st.os, "sendfile")
+    elif sendfile == "fails_half_way":
+        real, calls = st.os.sendfile, []
+
+        def flaky(out_fd: int, in_fd: int, offset: int, count: int) -> int:
+            calls.append(offset)
+            if len(calls) > 3:
+                raise OSError("sendfile refused")
+            return real(out_fd, in_fd, offset, count)
+
+        monkeypatch.setattr(st.os, "sendfile", flaky)
+    fd = st.os.open(src, st.os.O_RDWR)
+    try:
+        st.os.lseek(fd, 5, st.os.SEEK_SET)
+        st._copy_from(fd, tmp_path / "copy.bin")
+        assert st.os.lseek(fd, 0, st.os.SEEK_CUR) == 5  # the descriptor's offset is left alone
+    finally:
+        st.os.close(fd)
+    assert (tmp_path / "copy.bin").read_bytes() == data
