@@ -99,7 +99,7 @@ def test_no_process_can_open_the_store_while_it_is_migrated(tmp_path: Path, monk
     assert _try_open(path, read_only=False).strip() == "opened"  # released afterwards
 
 
-@pytest.mark.parametrize("sendfile", ["kernel", "missing", "fails_half_way"])
+@pytest.mark.parametrize("sendfile", ["kernel", "missing", "fails_half_way", "short", "stops_early"])
 def test_the_locked_copy_is_the_same_bytes(tmp_path: Path, monkeypatch, sendfile: str) -> None:
     """migrate copies the store through the descriptor it locked: in the kernel (os.sendfile), or
     by reads where sendfile is missing or stops part of the way, always the same bytes."""
@@ -119,6 +119,15 @@ def test_the_locked_copy_is_the_same_bytes(tmp_path: Path, monkeypatch, sendfile
             return real(out_fd, in_fd, offset, count)
 
         monkeypatch.setattr(st.os, "sendfile", flaky)
+    elif sendfile in ("short", "stops_early"):  # fewer bytes than asked; then 0 before the end
+        real_sf = st.os.sendfile
+
+        def partial(out_fd: int, in_fd: int, offset: int, count: int) -> int:
+            if sendfile == "stops_early" and offset >= 300_000:
+                return 0
+            return real_sf(out_fd, in_fd, offset, min(count, 1000))
+
+        monkeypatch.setattr(st.os, "sendfile", partial)
     fd = st.os.open(src, st.os.O_RDWR)
     try:
         st.os.lseek(fd, 5, st.os.SEEK_SET)
@@ -127,3 +136,63 @@ def test_the_locked_copy_is_the_same_bytes(tmp_path: Path, monkeypatch, sendfile
     finally:
         st.os.close(fd)
     assert (tmp_path / "copy.bin").read_bytes() == data
+
+
+def _hold(path: Path) -> subprocess.Popen:
+    """Another process holding the store open for writing until its stdin is closed."""
+    code = (
+        f"import sys, duckdb; c = duckdb.connect({str(path)!r}); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_migration_that_fails_on_the_lock_leaves_the_other_ones_copy(tmp_path: Path, monkeypatch) -> None:
+    """Another migration got the store between this one's close and its lock and is working on
+    ``<store>.migrating``: this one fails on the lock and must not delete that copy."""
+    path = _old_store(tmp_path)
+    theirs = tmp_path / "s.duckdb.migrating"
+    taken, holders = st._file_locked, []
+
+    def other_gets_in_first(p: Path, doing: str):
+        holders.append(_hold(p))
+        theirs.write_bytes(b"the other migration's copy")
+        return taken(p, doing)
+
+    monkeypatch.setattr(st, "_file_locked", other_gets_in_first)
+    try:
+        with pytest.raises(
+            st.StoreLockedError, match="another process opened this store during the migration"
+        ):
+            st.migrate_store(path)
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+    assert theirs.read_bytes() == b"the other migration's copy"
+
+
+@pytest.mark.parametrize("what", sorted(COMMANDS))
+def test_without_fcntl_the_commands_still_work_unlocked(tmp_path: Path, monkeypatch, what: str) -> None:
+    """Where ``fcntl`` does not exist (Windows) both commands run unlocked: no descriptor is held
+    (Windows would refuse the rename) and migrate copies with shutil."""
+    make, run = COMMANDS[what]
+    path = make(tmp_path)
+    monkeypatch.setitem(sys.modules, "fcntl", None)  # `import fcntl` raises ImportError
+
+    def no_descriptor_copy(fd: int, target: Path) -> None:  # needs os.pread, which Windows lacks
+        raise AssertionError("the descriptor copy ran without fcntl")
+
+    monkeypatch.setattr(st, "_copy_from", no_descriptor_copy)
+    with st._file_locked(path, what) as fd:
+        assert fd is None
+    run(path)
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        assert st.store_version(con) == st.SCHEMA_VERSION
+    finally:
+        con.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]

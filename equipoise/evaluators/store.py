@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -632,8 +633,17 @@ def migrate_store(path: Path) -> tuple[int, int]:
     the migrations on the copy, checkpoints and closes it, and renames it over the original
     (``os.replace``, atomic on one file system). Under the lock no other process can open the store,
     so no write can land in the original while the copy is made from it and then be lost under the
-    rename. On any error the copy is removed and the original is untouched. Returns (version
-    before, version after); a store already at the latest version is left alone.
+    rename. The copy is made and, on any error, removed only while the lock is held, so a second
+    migration started meanwhile cannot delete this one's copy (it fails on the lock). The original
+    is untouched by any error. Returns (version before, version after); a store already at the
+    latest version is left alone.
+
+    The stamp check (size, mtime, no WAL) is stricter than the copy needs, as the copy is made
+    under the lock anyway; it refuses rather than copy a store another process wrote moments before.
+    Not covered: another connection to the same store open in *this* process (DuckDB shares one
+    database per file within a process, so its lock outlives ``close`` here, and POSIX locks do not
+    conflict within a process); that connection would go on writing the replaced file. Close every
+    connection to the store before migrating it, as the CLI, a process of its own, always has.
     """
     path = Path(path)
     con = _open_for_upkeep(path)
@@ -651,11 +661,14 @@ def migrate_store(path: Path) -> tuple[int, int]:
     finally:
         con.close()
     tmp = path.with_name(path.name + ".migrating")
-    _remove_copy(tmp)
-    try:
-        with _file_locked(path, "migration") as fd:
+    with _file_locked(path, "migration") as fd:
+        try:
             _check_unchanged(path, stamp, "migration")
-            _copy_from(fd, tmp)
+            _remove_copy(tmp)  # a killed run's leftover: only a process holding the lock touches it
+            if fd is None:  # no fcntl (Windows): nothing to lock, nor sendfile / pread to copy with
+                shutil.copyfile(path, tmp)
+            else:
+                _copy_from(fd, tmp)
             con = duckdb.connect(str(tmp))
             try:
                 after = migrate(con)
@@ -663,9 +676,9 @@ def migrate_store(path: Path) -> tuple[int, int]:
             finally:
                 con.close()
             os.replace(tmp, path)
-    except BaseException:
-        _remove_copy(tmp)
-        raise
+        except BaseException:
+            _remove_copy(tmp)
+            raise
     return before, after
 
 
@@ -764,23 +777,24 @@ def _copy_table(con: duckdb.DuckDBPyConnection, source: str, target: str, schema
 
 
 @contextlib.contextmanager
-def _file_locked(path: Path, what: str) -> Iterator[int]:
+def _file_locked(path: Path, what: str) -> Iterator[int | None]:
     """Hold an exclusive ``fcntl`` lock on the file ``path`` (the whole-file lock DuckDB takes to
     open it, shared for a reader) for the ``with`` block, which gets the locked file descriptor; a
     process that holds the file already is :class:`StoreLockedError`, its message naming ``what``
     this process was doing (the compaction, the migration). Where ``fcntl`` does not exist
-    (Windows) the block runs unlocked.
+    (Windows) the block runs unlocked and gets None: no descriptor is opened, since Windows
+    refuses to rename a file over one that is open.
 
     Read the file through the descriptor given, never by opening it again: POSIX drops every lock a
     process holds on a file when it closes *any* descriptor of that file, so a second open and close
     (``shutil.copyfile``, ``path.read_bytes()``) would end the lock silently."""
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX
+        yield None
+        return
     fd = os.open(path, os.O_RDWR)
     try:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not on POSIX
-            yield fd
-            return
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -817,22 +831,25 @@ def _copy_from(fd: int, target: Path) -> None:
     through Python, benchmarks/RESULTS.md, stop 35), else by ``os.pread`` from where it stopped."""
     size = os.fstat(fd).st_size
     done = 0
-    with open(target, "xb") as out:
-        out_fd = out.fileno()
+    out_fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
         with contextlib.suppress(AttributeError, OSError):  # no sendfile, or not for files here
             while done < size:
                 sent = os.sendfile(out_fd, fd, done, min(size - done, _COPY_CHUNK))
                 if sent == 0:
                     break
                 done += sent
-        while done < size:
-            chunk = os.pread(fd, min(size - done, _COPY_CHUNK), done)
+        while done < size:  # both paths write at out_fd's own offset, which is `done` bytes in
+            chunk = memoryview(os.pread(fd, min(size - done, _COPY_CHUNK), done))
             if not chunk:
                 raise OSError(f"{target}: the store ended at {done} of {size} bytes while it was copied")
-            out.write(chunk)
-            done += len(chunk)
-        out.flush()
+            while chunk:
+                written = os.write(out_fd, chunk)
+                chunk = chunk[written:]
+                done += written
         os.fsync(out_fd)
+    finally:
+        os.close(out_fd)
 
 
 _COPY_CHUNK = 64 << 20  # bytes per call while a locked store is copied (``_copy_from``)
