@@ -4,9 +4,6 @@ no remote code is ever trusted."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -18,6 +15,7 @@ from equipoise.builders.mcq_build import build_mcq_suite
 from equipoise.cli import app
 from equipoise.evaluators.store import StoreLockedError, connect
 from tests.fakeopenai import FakeOpenAI, completion
+from tests.store_holder import held_elsewhere
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "sk-test-SECRET-0123456789abcdef"
@@ -28,30 +26,11 @@ def test_second_writer_fails_cleanly_and_store_survives(tmp_path):
     con = connect(store)
     con.execute("CREATE TABLE keep AS SELECT 42 AS answer")
     con.close()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(f"""
-        import time, duckdb
-        c = duckdb.connect({str(store)!r})
-        c.execute("INSERT INTO keep VALUES (43)")
-        print("locked", flush=True)
-        time.sleep(30)
-    """),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with held_elsewhere(store, "INSERT INTO keep VALUES (43)"):
         with pytest.raises(StoreLockedError, match="another process is writing"):
             connect(store)
         r = CliRunner().invoke(app, ["sql", "--store", str(store), "SELECT 1"])
         assert r.exit_code == 2 and "another process is writing" in " ".join(r.output.split())
-    finally:
-        holder.kill()
-        holder.wait()
     time.sleep(0.2)
     con = duckdb.connect(str(store), read_only=True)
     assert sorted(con.execute("SELECT * FROM keep").fetchall()) == [(42,), (43,)]

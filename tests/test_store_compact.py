@@ -5,9 +5,6 @@ copy that fails its check leaves the store untouched."""
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import duckdb
@@ -20,6 +17,7 @@ from equipoise.evaluators import store as st
 from equipoise.evaluators.metrics import facts
 from equipoise.evaluators.metrics.registry import compute, metric_names, prepare, uses_facts
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from tests.store_holder import held_elsewhere
 
 
 def _sha(path: Path) -> str:
@@ -169,23 +167,7 @@ def test_compact_under_a_memory_limit_gives_the_same_store(tmp_path: Path) -> No
 def test_compact_refuses_a_store_another_process_holds(tmp_path: Path) -> None:
     path = tmp_path / "s.duckdb"
     make_store(path, SyntheticSpec(n_items=20, seed=1))
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            textwrap.dedent(f"""
-                import sys, duckdb
-                c = duckdb.connect({str(path)!r})
-                print("locked", flush=True)
-                sys.stdin.read()  # holds the store until the test closes this pipe
-            """),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    with held_elsewhere(path):
         sha = _sha(path)
         r = CliRunner().invoke(app, ["store", "compact", str(path)])
         assert r.exit_code == 2 and "another process is writing" in " ".join(r.output.split())
@@ -197,6 +179,3 @@ def test_compact_refuses_a_store_another_process_holds(tmp_path: Path) -> None:
             st._file_locked(path, "compaction"),
         ):
             pass
-    finally:
-        holder.kill()
-        holder.wait()

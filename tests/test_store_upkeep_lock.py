@@ -5,6 +5,7 @@ while it copies, so nobody can open the store while the copy is made from it."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -16,6 +17,7 @@ import pytest
 
 from equipoise.evaluators import store as st
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+from tests.store_holder import held_elsewhere
 
 
 def _old_store(tmp_path: Path) -> Path:
@@ -138,40 +140,24 @@ def test_the_locked_copy_is_the_same_bytes(tmp_path: Path, monkeypatch, sendfile
     assert (tmp_path / "copy.bin").read_bytes() == data
 
 
-def _hold(path: Path) -> subprocess.Popen:
-    """Another process holding the store open for writing until its stdin is closed."""
-    code = (
-        f"import sys, duckdb; c = duckdb.connect({str(path)!r}); print('held', flush=True); sys.stdin.read()"
-    )
-    holder = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-    return holder
-
-
 def test_a_migration_that_fails_on_the_lock_leaves_the_other_ones_copy(tmp_path: Path, monkeypatch) -> None:
     """Another migration got the store between this one's close and its lock and is working on
     ``<store>.migrating``: this one fails on the lock and must not delete that copy."""
     path = _old_store(tmp_path)
     theirs = tmp_path / "s.duckdb.migrating"
-    taken, holders = st._file_locked, []
+    taken, others = st._file_locked, contextlib.ExitStack()
 
     def other_gets_in_first(p: Path, doing: str):
-        holders.append(_hold(p))
+        others.enter_context(held_elsewhere(p))
         theirs.write_bytes(b"the other migration's copy")
         return taken(p, doing)
 
     monkeypatch.setattr(st, "_file_locked", other_gets_in_first)
-    try:
-        with pytest.raises(
-            st.StoreLockedError, match="another process opened this store during the migration"
-        ):
-            st.migrate_store(path)
-    finally:
-        for h in holders:
-            h.kill()
-            h.wait()
+    with (
+        others,
+        pytest.raises(st.StoreLockedError, match="another process opened this store during the migration"),
+    ):
+        st.migrate_store(path)
     assert theirs.read_bytes() == b"the other migration's copy"
 
 
