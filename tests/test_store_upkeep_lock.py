@@ -182,3 +182,51 @@ def test_without_fcntl_the_commands_still_work_unlocked(tmp_path: Path, monkeypa
     finally:
         con.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]
+
+
+def _replace_copy(copy: Path, text: bytes) -> None:
+    """What a second compaction does to ``<store>.compacting`` once it holds the store: removes the
+    file there as a leftover and makes its own under the same name."""
+    copy.unlink()
+    copy.write_bytes(text)
+
+
+def test_a_compaction_that_fails_on_the_lock_leaves_the_other_ones_copy(tmp_path: Path, monkeypatch) -> None:
+    """Another compaction got the store between this one's close and its lock, removed this one's
+    copy and is making its own: this one fails on the lock and must not delete that copy."""
+    path = _current_store(tmp_path)
+    theirs = tmp_path / "s.duckdb.compacting"
+    taken, others = st._file_locked, contextlib.ExitStack()
+
+    def other_gets_in_first(p: Path, doing: str):
+        others.enter_context(held_elsewhere(p))
+        _replace_copy(theirs, b"the other compaction's copy")
+        return taken(p, doing)
+
+    monkeypatch.setattr(st, "_file_locked", other_gets_in_first)
+    with (
+        others,
+        pytest.raises(st.StoreLockedError, match="another process opened this store during the compaction"),
+    ):
+        st.compact_store(path)
+    assert theirs.read_bytes() == b"the other compaction's copy"
+
+
+def test_a_compaction_whose_copy_was_replaced_renames_nothing(tmp_path: Path, monkeypatch) -> None:
+    """Another compaction replaced this one's copy and let the store go before this one took the
+    lock (the store's own file unchanged): the file under the copy's name is not this run's, so it
+    is neither renamed over the store nor deleted, and the store keeps its bytes."""
+    path = _current_store(tmp_path)
+    theirs = tmp_path / "s.duckdb.compacting"
+    original = path.read_bytes()
+    taken = st._file_locked
+
+    def copy_replaced_first(p: Path, doing: str):
+        _replace_copy(theirs, b"the other compaction's copy")
+        return taken(p, doing)
+
+    monkeypatch.setattr(st, "_file_locked", copy_replaced_first)
+    with pytest.raises(st.StoreLockedError, match="another process compacted this store during the"):
+        st.compact_store(path)
+    assert theirs.read_bytes() == b"the other compaction's copy"
+    assert path.read_bytes() == original

@@ -682,8 +682,20 @@ def migrate_store(path: Path) -> tuple[int, int]:
     return before, after
 
 
-def _remove_copy(tmp: Path) -> None:
-    """Delete the working copy ``tmp`` of an upkeep command and its write-ahead log, where they exist."""
+def _remove_copy(tmp: Path, only: tuple[int, ...] | None = None) -> None:
+    """Delete the working copy ``tmp`` of an upkeep command and its write-ahead log, where they exist.
+
+    ``only``: None (the default) for a caller that holds the store, which deletes whatever is there
+    (a killed run's leftover, or its own copy); else the ``_file_id`` of the caller's own copy,
+    deleted only while ``tmp`` still is that file, for a caller that no longer holds the store.
+    Why: ``store compact`` makes its copy under DuckDB's lock and renames it after closing its
+    connection, and a second compaction that opened the store in between removes the first one's
+    copy as a leftover and makes its own under the same name. The first one then fails (on the
+    lock, or its copy gone) and must not delete the second one's copy. The check and the unlink
+    are two steps, so a copy made again between them is still deleted; that second compaction then
+    fails on its missing copy and the store stays as it was."""
+    if only is not None and _file_id(tmp) != only:
+        return
     for leftover in (tmp, Path(f"{tmp}.wal")):
         leftover.unlink(missing_ok=True)
 
@@ -876,8 +888,9 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
     process then takes the same ``fcntl`` lock itself (``_file_locked``; a process that got in
     between fails it) and checks that the store's size and modification time are those it had
     after the checkpoint and that no write-ahead log appeared, before renaming the copy over it
-    (``os.replace``, atomic on one file system). Any error or difference removes the copy and
-    leaves the store as it was (:class:`StoreError` names a difference). The content is the same,
+    (``os.replace``, atomic on one file system). Any error or difference removes the copy (this
+    run's only, never another compaction's under the same name: ``_remove_copy``) and leaves the
+    store as it was (:class:`StoreError` names a difference). The content is the same,
     so the facts' fingerprint still matches it and no refresh follows. Needs free disk space for
     the compacted size.
 
@@ -891,6 +904,7 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".compacting")
+    mine: tuple[int, ...] | None = None  # _file_id of this run's copy, once it is finished
     con = _open_for_upkeep(path)
     try:
         try:
@@ -924,20 +938,44 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
                     f"{path}: the compacted copy differs from the store; the store was left as it was"
                 )
             stamp = _stamp(path)
+            mine = _file_id(tmp)  # the finished copy: the only one this run may rename or delete
         except duckdb.OutOfMemoryException as exc:
+            _remove_copy(tmp)  # the store still held: whatever is there is this run's
             raise StoreError(
                 f"{path}: out of memory while copying ({first_line(exc)}); "
                 "raise --memory-limit; the store was left as it was"
             ) from exc
+        except BaseException:
+            _remove_copy(tmp)
+            raise
         finally:
             con.close()
         with _file_locked(path, "compaction"):
             _check_unchanged(path, stamp, "compaction")
+            if _file_id(tmp) != mine:  # another compaction, holding the store meanwhile, removed it
+                raise StoreLockedError(
+                    f"{path}: another process compacted this store during the compaction; "
+                    "the store was left as it was, run again"
+                )
             os.replace(tmp, path)
     except BaseException:
-        _remove_copy(tmp)
+        if mine is not None:  # made, and no longer under DuckDB's lock: deleted only if still this run's
+            _remove_copy(tmp, mine)
         raise
     return before, path.stat().st_size
+
+
+def _file_id(path: Path) -> tuple[int, ...] | None:
+    """The identity of the file ``path`` (device, inode, size, modification time), None where there
+    is none: a copy removed and made again by another process under the same name differs in it.
+    Not the inode alone: file systems reuse a freed inode number at once (ext4 did in 2,000 of
+    2,000 tries here). The new copy is written later: making one takes a checkpoint, a schema and a
+    check, far longer than a tick of the file system's clock, so its modification time differs."""
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> int:
