@@ -230,3 +230,46 @@ def test_a_compaction_whose_copy_was_replaced_renames_nothing(tmp_path: Path, mo
         st.compact_store(path)
     assert theirs.read_bytes() == b"the other compaction's copy"
     assert path.read_bytes() == original
+
+
+def test_a_failed_compaction_removes_its_copy_before_it_lets_go(tmp_path: Path, monkeypatch) -> None:
+    """A compaction whose copy fails its check deletes that copy while its connection still holds
+    the store: by the time another process can get in, nothing of it is left under the copy's name."""
+    path = _current_store(tmp_path)
+    copy = tmp_path / "s.duckdb.compacting"
+    at_close: list[bool] = []
+    real_open, real_contents = st._open_for_upkeep, st._contents
+
+    class Watched:  # the upkeep connection, noting whether the copy is there when it is closed
+        def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+            self._con = con
+
+        def close(self) -> None:
+            at_close.append(copy.exists())
+            self._con.close()
+
+        def __getattr__(self, name: str):
+            return getattr(self._con, name)
+
+    def differs(con, database: str) -> dict[str, object]:
+        got = dict(real_contents(con, database))
+        if database.startswith("equipoise_compacted"):
+            got["an extra entry"] = True
+        return got
+
+    monkeypatch.setattr(st, "_open_for_upkeep", lambda p: Watched(real_open(p)))
+    monkeypatch.setattr(st, "_contents", differs)
+    with pytest.raises(st.StoreError, match="differs from the store"):
+        st.compact_store(path)
+    assert at_close == [False]
+
+
+def test_a_compaction_that_fails_before_its_copy_leaves_the_name_alone(tmp_path: Path) -> None:
+    """A compaction refused before it began its copy (a bad --memory-limit) deletes nothing under
+    the copy's name: a file there may be another compaction's finished copy, waiting for the lock."""
+    path = _current_store(tmp_path)
+    theirs = tmp_path / "s.duckdb.compacting"
+    theirs.write_bytes(b"the other compaction's copy")
+    with pytest.raises(ValueError, match="memory limit"):
+        st.compact_store(path, memory_limit="lots")
+    assert theirs.read_bytes() == b"the other compaction's copy"

@@ -888,11 +888,11 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
     process then takes the same ``fcntl`` lock itself (``_file_locked``; a process that got in
     between fails it) and checks that the store's size and modification time are those it had
     after the checkpoint and that no write-ahead log appeared, before renaming the copy over it
-    (``os.replace``, atomic on one file system). Any error or difference removes the copy (this
-    run's only, never another compaction's under the same name: ``_remove_copy``) and leaves the
-    store as it was (:class:`StoreError` names a difference). The content is the same,
-    so the facts' fingerprint still matches it and no refresh follows. Needs free disk space for
-    the compacted size.
+    (``os.replace``, atomic on one file system). Any error or difference removes the copy (once
+    the store is let go, only while the file under the copy's name is still this run's:
+    ``_remove_copy``, ``_file_id``) and leaves the store as it was (:class:`StoreError` names a
+    difference). The content is the same, so the facts' fingerprint still matches it and no
+    refresh follows. Needs free disk space for the compacted size.
 
     Memory: ``memory_limit`` (DuckDB syntax), by default the store file's size and at least
     ``COMPACT_MEMORY_FLOOR``, with spills to ``<store>.tmp``. Why table by table and capped: one
@@ -905,6 +905,7 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
     path = Path(path)
     tmp = path.with_name(path.name + ".compacting")
     mine: tuple[int, ...] | None = None  # _file_id of this run's copy, once it is finished
+    started = False  # whether this run has cleared the copy's name and begun its copy there
     con = _open_for_upkeep(path)
     try:
         try:
@@ -917,7 +918,8 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
                 raise ValueError(f"memory limit {memory_limit!r}: {first_line(exc)}") from exc
             con.execute(f"SET temp_directory = {sql_literal(f'{path}.tmp')}")
             con.execute("SET enable_progress_bar = false")
-            _remove_copy(tmp)
+            _remove_copy(tmp)  # a leftover (a killed run's, or another compaction's: see there)
+            started = True
             source = str(scalar(con, "SELECT current_database()"))
             target = "equipoise_compacted" if source != "equipoise_compacted" else "equipoise_compacted_2"
             con.execute(f"ATTACH {sql_literal(str(tmp))} AS {_ident(target)}")
@@ -940,13 +942,15 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
             stamp = _stamp(path)
             mine = _file_id(tmp)  # the finished copy: the only one this run may rename or delete
         except duckdb.OutOfMemoryException as exc:
-            _remove_copy(tmp)  # the store still held: whatever is there is this run's
+            if started:  # the store still held: what is under the copy's name is this run's
+                _remove_copy(tmp)
             raise StoreError(
                 f"{path}: out of memory while copying ({first_line(exc)}); "
                 "raise --memory-limit; the store was left as it was"
             ) from exc
         except BaseException:
-            _remove_copy(tmp)
+            if started:
+                _remove_copy(tmp)
             raise
         finally:
             con.close()
@@ -967,10 +971,12 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
 
 def _file_id(path: Path) -> tuple[int, ...] | None:
     """The identity of the file ``path`` (device, inode, size, modification time), None where there
-    is none: a copy removed and made again by another process under the same name differs in it.
+    is none: what tells this run's copy from one another process made again under the same name.
     Not the inode alone: file systems reuse a freed inode number at once (ext4 did in 2,000 of
-    2,000 tries here). The new copy is written later: making one takes a checkpoint, a schema and a
-    check, far longer than a tick of the file system's clock, so its modification time differs."""
+    2,000 tries here), and two copies of one store can have the same size, so the later copy is
+    told apart by its modification time. That needs timestamps finer than the time between the two
+    copies: nanoseconds on ext4, XFS, btrfs and APFS; on a file system with 1-2 s timestamps (FAT,
+    ext3) two copies of a small store made within one tick could look the same."""
     try:
         stat = path.stat()
     except FileNotFoundError:
