@@ -140,27 +140,6 @@ def test_the_locked_copy_is_the_same_bytes(tmp_path: Path, monkeypatch, sendfile
     assert (tmp_path / "copy.bin").read_bytes() == data
 
 
-def test_a_migration_that_fails_on_the_lock_leaves_the_other_ones_copy(tmp_path: Path, monkeypatch) -> None:
-    """Another migration got the store between this one's close and its lock and is working on
-    ``<store>.migrating``: this one fails on the lock and must not delete that copy."""
-    path = _old_store(tmp_path)
-    theirs = tmp_path / "s.duckdb.migrating"
-    taken, others = st._file_locked, contextlib.ExitStack()
-
-    def other_gets_in_first(p: Path, doing: str):
-        others.enter_context(held_elsewhere(p))
-        theirs.write_bytes(b"the other migration's copy")
-        return taken(p, doing)
-
-    monkeypatch.setattr(st, "_file_locked", other_gets_in_first)
-    with (
-        others,
-        pytest.raises(st.StoreLockedError, match="another process opened this store during the migration"),
-    ):
-        st.migrate_store(path)
-    assert theirs.read_bytes() == b"the other migration's copy"
-
-
 @pytest.mark.parametrize("what", sorted(COMMANDS))
 def test_without_fcntl_the_commands_still_work_unlocked(tmp_path: Path, monkeypatch, what: str) -> None:
     """Where ``fcntl`` does not exist (Windows) both commands run unlocked: no descriptor is held
@@ -185,31 +164,37 @@ def test_without_fcntl_the_commands_still_work_unlocked(tmp_path: Path, monkeypa
 
 
 def _replace_copy(copy: Path, text: bytes) -> None:
-    """What a second compaction does to ``<store>.compacting`` once it holds the store: removes the
-    file there as a leftover and makes its own under the same name."""
-    copy.unlink()
+    """What a second migration or compaction does to ``<store>.migrating`` / ``.compacting`` once
+    it holds the store: removes any file there as a leftover and makes its own under that name."""
+    copy.unlink(missing_ok=True)
     copy.write_bytes(text)
 
 
-def test_a_compaction_that_fails_on_the_lock_leaves_the_other_ones_copy(tmp_path: Path, monkeypatch) -> None:
-    """Another compaction got the store between this one's close and its lock, removed this one's
-    copy and is making its own: this one fails on the lock and must not delete that copy."""
-    path = _current_store(tmp_path)
-    theirs = tmp_path / "s.duckdb.compacting"
+COPY_SUFFIX = {"migration": ".migrating", "compaction": ".compacting"}
+
+
+@pytest.mark.parametrize("what", sorted(COMMANDS))
+def test_a_command_that_fails_on_the_lock_leaves_the_other_ones_copy(
+    tmp_path: Path, monkeypatch, what: str
+) -> None:
+    """Another migration (compaction) got the store between this one's close and its lock and is
+    working on its copy, under the name this one uses (a compaction's own copy removed first as a
+    leftover): this one fails on the lock and must not delete that copy."""
+    make, run = COMMANDS[what]
+    path = make(tmp_path)
+    theirs = tmp_path / f"s.duckdb{COPY_SUFFIX[what]}"
     taken, others = st._file_locked, contextlib.ExitStack()
 
     def other_gets_in_first(p: Path, doing: str):
         others.enter_context(held_elsewhere(p))
-        _replace_copy(theirs, b"the other compaction's copy")
+        _replace_copy(theirs, b"the other one's copy")
         return taken(p, doing)
 
     monkeypatch.setattr(st, "_file_locked", other_gets_in_first)
-    with (
-        others,
-        pytest.raises(st.StoreLockedError, match="another process opened this store during the compaction"),
-    ):
-        st.compact_store(path)
-    assert theirs.read_bytes() == b"the other compaction's copy"
+    refused = f"another process opened this store during the {what}"
+    with others, pytest.raises(st.StoreLockedError, match=refused):
+        run(path)
+    assert theirs.read_bytes() == b"the other one's copy"
 
 
 def test_a_compaction_whose_copy_was_replaced_renames_nothing(tmp_path: Path, monkeypatch) -> None:
