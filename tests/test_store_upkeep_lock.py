@@ -211,7 +211,7 @@ def test_a_compaction_whose_copy_was_replaced_renames_nothing(tmp_path: Path, mo
         return taken(p, doing)
 
     monkeypatch.setattr(st, "_file_locked", copy_replaced_first)
-    with pytest.raises(st.StoreLockedError, match="another process compacted this store during the"):
+    with pytest.raises(st.StoreLockedError, match="another process removed or replaced the compacted copy"):
         st.compact_store(path)
     assert theirs.read_bytes() == b"the other compaction's copy"
     assert path.read_bytes() == original

@@ -956,10 +956,10 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
             con.close()
         with _file_locked(path, "compaction"):
             _check_unchanged(path, stamp, "compaction")
-            if _file_id(tmp) != mine:  # another compaction, holding the store meanwhile, removed it
+            if _file_id(tmp) != mine:  # e.g. another compaction, holding the store meanwhile, removed it
                 raise StoreLockedError(
-                    f"{path}: another process compacted this store during the compaction; "
-                    "the store was left as it was, run again"
+                    f"{path}: another process removed or replaced the compacted copy {tmp.name} "
+                    "before it could replace the store; the store was left as it was, run again"
                 )
             os.replace(tmp, path)
     except BaseException:
