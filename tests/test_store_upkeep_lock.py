@@ -258,3 +258,19 @@ def test_a_compaction_that_fails_before_its_copy_leaves_the_name_alone(tmp_path:
     with pytest.raises(ValueError, match="memory limit"):
         st.compact_store(path, memory_limit="lots")
     assert theirs.read_bytes() == b"the other compaction's copy"
+
+
+def test_a_compaction_out_of_memory_is_one_error_and_leaves_no_copy(tmp_path: Path, monkeypatch) -> None:
+    """DuckDB running out of memory while the rows are copied becomes a StoreError that says what
+    to raise; the copy is gone and the store has its bytes."""
+    path = _current_store(tmp_path)
+    original = path.read_bytes()
+
+    def out_of_memory(*args: object) -> None:
+        raise duckdb.OutOfMemoryException("could not allocate block")
+
+    monkeypatch.setattr(st, "_copy_table", out_of_memory)
+    with pytest.raises(st.StoreError, match=r"out of memory while copying .*raise --memory-limit"):
+        st.compact_store(path)
+    assert path.read_bytes() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]

@@ -941,16 +941,14 @@ def compact_store(path: Path, memory_limit: str | None = None) -> tuple[int, int
                 )
             stamp = _stamp(path)
             mine = _file_id(tmp)  # the finished copy: the only one this run may rename or delete
-        except duckdb.OutOfMemoryException as exc:
+        except BaseException as exc:
             if started:  # the store still held: what is under the copy's name is this run's
                 _remove_copy(tmp)
-            raise StoreError(
-                f"{path}: out of memory while copying ({first_line(exc)}); "
-                "raise --memory-limit; the store was left as it was"
-            ) from exc
-        except BaseException:
-            if started:
-                _remove_copy(tmp)
+            if isinstance(exc, duckdb.OutOfMemoryException):
+                raise StoreError(
+                    f"{path}: out of memory while copying ({first_line(exc)}); "
+                    "raise --memory-limit; the store was left as it was"
+                ) from exc
             raise
         finally:
             con.close()
