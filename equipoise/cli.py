@@ -1135,7 +1135,8 @@ def metrics(
             con.close()
             _fail(f"{out_dir}: cannot create the output folder ({exc.strerror or exc})")
     try:
-        version = None if no_cache else cache.content_version(con, store)
+        # the fingerprint's scan, once: the pass below checks its facts against the same sums
+        version, sums = (None, None) if no_cache else cache.content_version(con, store)
         prepared = False
         # --out: the metrics to compute, their files, parameters and cache keys
         targets: dict[str, Path] = {}
@@ -1160,7 +1161,7 @@ def metrics(
                 df = None if k is None else cache.get(store, k)
                 if df is None:
                     if not prepared:
-                        prepare(con, materialize=True)
+                        prepare(con, materialize=True, sums=sums)
                         prepared = True
                     df = compute(con, name, by=by, params=mine)
                     if k is not None:
@@ -1186,6 +1187,7 @@ def metrics(
                     params=missed_params,
                     jobs=DEFAULT_JOBS if jobs is None else jobs,
                     on_done=written,
+                    sums=sums,
                 )
             except PassError as exc:
                 _metric_failed(exc.name, exc.error)

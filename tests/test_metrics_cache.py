@@ -4,6 +4,7 @@ nothing and prints the same bytes; any write to the store gives fresh results.""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -121,3 +122,171 @@ def test_code_digest_changes_with_any_metric_sql_or_module(tmp_path: Path, monke
         digests.append(cache.code_digest())
     cache.code_digest.cache_clear()
     assert len(set(digests)) == 3
+
+
+# --- the fingerprint's scan, memoised beside the store (cache.source_sums) ---------------------
+
+
+@pytest.fixture()
+def fact_store(store: Path) -> Path:
+    """``store`` with current fact tables: the pass then checks them by fingerprint."""
+    from equipoise.evaluators.metrics import facts
+
+    con = connect(store)
+    facts.refresh(con)
+    con.close()
+    return store
+
+
+def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every scan of the source tables (facts.source_sums) from here on appends to the list."""
+    from equipoise.evaluators.metrics import facts
+
+    calls: list[int] = []
+    real = facts.source_sums
+
+    def counting(con):
+        calls.append(1)
+        return real(con)
+
+    monkeypatch.setattr(facts, "source_sums", counting)
+    return calls
+
+
+def _settle_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any store is settled (a test cannot wait out real timestamp granularity)."""
+    monkeypatch.setattr(cache, "SETTLE_FINE_NS", 0)
+    monkeypatch.setattr(cache, "SETTLE_COARSE_NS", 0)
+
+
+def test_one_metrics_command_scans_the_store_once_and_a_later_one_not_at_all(
+    fact_store: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The cache's content version and the pass's check of its facts share one scan; with the
+    memo, a command that still computes (no cached result) scans nothing, and writes the same
+    files as a command that scanned."""
+    from equipoise.evaluators.metrics import facts
+
+    store = fact_store
+    con = connect(store, read_only=True)
+    assert facts.current(con) is not None  # the pass reads the facts, so it checks them
+    con.close()
+    _settle_now(monkeypatch)
+    scans = _count_scans(monkeypatch)
+    _metrics(store, "--out", str(tmp_path / "a"))
+    assert len(scans) == 1 and (cache.cache_dir(store) / "stat.json").exists()
+    for f in cache.cache_dir(store).glob("*.parquet"):  # results gone, memo kept
+        f.unlink()
+    _metrics(store, "--out", str(tmp_path / "b"))
+    assert len(scans) == 1
+    for f in sorted((tmp_path / "a").glob("*.parquet")):
+        assert (tmp_path / "b" / f.name).read_bytes() == f.read_bytes()
+    _metrics(store, "--out", str(tmp_path / "c"), "--no-cache")  # no cache: no memo either
+    assert len(scans) == 2
+
+
+def test_a_store_changed_just_before_the_scan_keeps_no_memo(store: Path, monkeypatch) -> None:
+    """A change within the file system's timestamp granularity of the stat could share its times
+    with a later write of the same size, so its sums are used but not memoised."""
+    monkeypatch.setattr(cache, "SETTLE_FINE_NS", 60 * 10**9)
+    monkeypatch.setattr(cache, "SETTLE_COARSE_NS", 60 * 10**9)
+    os.utime(store)  # changed now
+    _metrics(store, "--format", "json", "--metric", "answer_rates")
+    assert not (cache.cache_dir(store) / "stat.json").exists()
+    assert cache.memoised_sums(store) is None
+
+
+def test_the_memo_is_tied_to_the_files_identity_and_times_and_duckdb(store: Path, monkeypatch) -> None:
+    """A matching size and mtime are not enough: the change time moves with any write, even one
+    whose mtime was put back (``touch -d``, ``cp -p``); another inode, another DuckDB (whose hash
+    gives the sums) or a damaged memo is a miss, never an error."""
+    from equipoise.evaluators.metrics import facts
+
+    _settle_now(monkeypatch)
+    con = connect(store, read_only=True)
+    want = cache.source_sums(con, store)
+    assert want == facts.source_sums(con)
+    con.close()
+    assert cache.memoised_sums(store) == want
+    st = store.stat()
+    os.utime(store, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime, new ctime
+    assert store.stat().st_mtime_ns == st.st_mtime_ns and store.stat().st_size == st.st_size
+    if store.stat().st_ctime_ns != st.st_ctime_ns:  # a ctime clock too coarse to move: nothing to see
+        assert cache.memoised_sums(store) is None
+    con = connect(store, read_only=True)
+    cache.source_sums(con, store)  # memoised again
+    con.close()
+    memo = cache.cache_dir(store) / "stat.json"
+    saved = json.loads(memo.read_text())
+    assert cache.memoised_sums(store) == want
+    for field, value in (("duckdb", "0.0.1"), ("format", 1), ("stat", [0] * 10)):
+        memo.write_text(json.dumps({**saved, field: value}))
+        assert cache.memoised_sums(store) is None, field
+    memo.write_text(json.dumps({**saved, "sums": {**want, "predictions": 3}}))
+    assert cache.memoised_sums(store) is None
+    memo.write_text("{not json")
+    assert cache.memoised_sums(store) is None
+
+
+def test_settled_needs_quiet_longer_than_the_timestamp_granularity() -> None:
+    """Times with a sub-second part: a fine file system, quiet for SETTLE_FINE_NS; whole seconds
+    everywhere: a coarse one, quiet for SETTLE_COARSE_NS. The log's times count when it exists."""
+    s = 10**9
+    fine = [1, 2, 100, 5 * s + 1234, 5 * s + 1234, *([-1] * 5)]
+    assert not cache._settled(fine, 5 * s + 1234 + cache.SETTLE_FINE_NS)
+    assert cache._settled(fine, 5 * s + 1235 + cache.SETTLE_FINE_NS)
+    coarse = [1, 2, 100, 5 * s, 4 * s, *([-1] * 5)]
+    assert not cache._settled(coarse, 5 * s + cache.SETTLE_FINE_NS + 1)
+    assert cache._settled(coarse, 5 * s + cache.SETTLE_COARSE_NS + 1)
+    with_log = [*fine[:5], 1, 3, 10, 9 * s + 7, 9 * s + 7]
+    assert not cache._settled(with_log, 5 * s + 1235 + cache.SETTLE_FINE_NS)
+    assert cache._settled(with_log, 9 * s + 8 + cache.SETTLE_FINE_NS)
+    assert not cache._settled([-1] * 10, 10**18)
+
+
+def test_memoised_sums_of_other_fact_definitions_still_find_the_facts_stale(
+    fact_store: Path, monkeypatch
+) -> None:
+    """The memo holds the source tables' sums, not the fingerprint: the fact definitions are hashed
+    in each time, so code whose facts differ never takes a memo as proof that the stored facts are
+    current."""
+    from equipoise.evaluators.metrics import facts
+
+    store = fact_store
+    _settle_now(monkeypatch)
+    con = connect(store, read_only=True)
+    sums = cache.source_sums(con, store)
+    assert facts.current(con, sums) is not None
+    monkeypatch.setattr(facts, "FACTS_FORMAT", facts.FACTS_FORMAT + 1000)
+    assert facts.current(con, cache.memoised_sums(store)) is None
+    con.close()
+
+
+def test_report_skips_the_scan_with_a_memo_and_never_writes_one(
+    fact_store: Path, tmp_path: Path, monkeypatch
+) -> None:
+    from equipoise.evaluators import report
+
+    store = fact_store
+    _settle_now(monkeypatch)
+    scans = _count_scans(monkeypatch)
+    report.write_report(store, tmp_path / "r1")
+    assert len(scans) == 1 and not (cache.cache_dir(store) / "stat.json").exists()
+    con = connect(store, read_only=True)
+    cache.source_sums(con, store)
+    con.close()
+    report.write_report(store, tmp_path / "r2")
+    assert len(scans) == 2  # the memo's scan only
+    for f in sorted((tmp_path / "r1").glob("*.csv")):
+        assert (tmp_path / "r2" / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_a_writable_connection_scans_but_keeps_no_memo(store: Path, monkeypatch) -> None:
+    """Only a read-only connection's lock keeps other writers out between the stat and the scan."""
+    from equipoise.evaluators.metrics import facts
+
+    _settle_now(monkeypatch)
+    con = connect(store)
+    assert cache.source_sums(con, store) == facts.source_sums(con)
+    con.close()
+    assert not (cache.cache_dir(store) / "stat.json").exists()

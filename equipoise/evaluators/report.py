@@ -16,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt
 
+from equipoise.evaluators.metrics import cache
 from equipoise.evaluators.metrics.pass_runner import DEFAULT_JOBS, PassError, run_pass
 from equipoise.evaluators.metrics.registry import compute, metric_names, result_sql
 from equipoise.evaluators.store import connect, first_line
@@ -250,7 +251,11 @@ def write_report(store: Path, out: Path, memory_limit: str | None = None, jobs: 
 
         failure: Exception | None = None
         try:  # prepares the base joins once for every table and plot
-            done = run_pass(con, {name: out / f"{name}.csv" for name in names}, jobs=jobs, on_error=skip)
+            # the memo of `equipoise metrics` (cache.memoised_sums, taken while this connection
+            # holds the store) spares the pass its fingerprint scan; a report never writes one
+            targets = {name: out / f"{name}.csv" for name in names}
+            sums = cache.memoised_sums(store)
+            done = run_pass(con, targets, jobs=jobs, on_error=skip, sums=sums)
             written = {d.name for d in done}
         except PassError as exc:
             failure = exc.error  # raised as itself, as a caller of that one metric would see it

@@ -11,10 +11,16 @@ under a key made of exactly those, in a folder next to the store (``<store>.cach
 - the code version is the package version plus a digest of the metric modules and their SQL files
   (:func:`code_digest`): a result computed by other metric code (an editable install between
   commits, a changed output shape under an unchanged version number) is never served;
-- computing that fingerprint is one scan of the store, so it is memoised in ``stat.json`` against
-  the store file's size and modification time (nanoseconds; the write-ahead log's too). A write
-  changes the file's mtime, so a matching stat means the fingerprint is still right; a mismatch
-  only costs one scan.
+- computing that fingerprint is one scan of the store, so what the scan gives
+  (:func:`equipoise.evaluators.metrics.facts.source_sums`) is memoised in ``stat.json`` against the
+  store file's identity and times (device, inode, size, modification and change times in
+  nanoseconds; the write-ahead log's too) and DuckDB's version (its ``hash`` gives the sums). A
+  write changes the file's mtime and ctime, so a matching stat means the sums are still right; a
+  mismatch only costs one scan. A memo is kept only when the store's last change is older than its
+  file system's timestamp granularity (``_settled``): a write in the same clock tick as the stat could
+  otherwise leave the times, and with the size the stat, as they were. The metrics pass of the same
+  command reuses the sums (``registry.prepare``), so one command scans the store at most once, and
+  a later one not at all.
 
 Results are Parquet files written to a temporary name and renamed into place, so a concurrent or
 interrupted writer never leaves half a file under a key. A folder that cannot be written (a
@@ -29,6 +35,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +43,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from equipoise.evaluators.metrics import facts
+from equipoise.evaluators.store import scalar
 
 if TYPE_CHECKING:  # imported where a frame is read or written: a metrics pass imports this module
     import pandas as pd
@@ -47,28 +55,83 @@ def cache_dir(store: Path) -> Path:
     return store.parent / (store.name + ".cache")
 
 
+# the memo's layout: 2 added the file identity, the change times, DuckDB's version and the sums in
+# place of the whole fingerprint (which also hashes the fact definitions, so it is made again each
+# time from the sums: a memo stays right across package versions)
+MEMO_FORMAT = 2
+# a change this recent (ns) before the stat may share its timestamps with a later write: on a file
+# system whose timestamps have a sub-second part (ext4, XFS, btrfs, APFS, NTFS: a clock tick of a
+# few ms or less), and on one whose timestamps are whole seconds (FAT's 2 s, HFS+, ext3)
+SETTLE_FINE_NS = 100_000_000
+SETTLE_COARSE_NS = 3_000_000_000
+
+
 def _stat(store: Path) -> list[int]:
+    """Device, inode, size, mtime and ctime (ns) of the store and of its write-ahead log (-1 each
+    where the log does not exist)."""
     out = []
     for p in (store, Path(f"{store}.wal")):
         try:
             st = p.stat()
-            out += [st.st_size, st.st_mtime_ns]
+            out += [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
         except FileNotFoundError:
-            out += [-1, -1]
+            out += [-1] * 5
     return out
 
 
-def content_version(con: duckdb.DuckDBPyConnection, store: Path) -> str:
-    """The store's fingerprint, from the memo when the file is unchanged since it was computed."""
-    memo = cache_dir(store) / "stat.json"
+def _settled(stat: list[int], taken_ns: int) -> bool:
+    """Whether every write after ``taken_ns`` (the wall clock just after ``stat`` was taken) must
+    change ``stat``: the files' last change is older than the timestamp granularity allows a later
+    write to share. Whole-second times everywhere are read as a coarse file system (a fine one
+    shows them one stat in hundreds of millions), which then needs a few seconds of quiet."""
+    times = [t for i in range(0, len(stat), 5) if stat[i + 2] >= 0 for t in stat[i + 3 : i + 5]]
+    if not times:
+        return False
+    coarse = all(t % 1_000_000_000 == 0 for t in times)
+    return max(times) < taken_ns - (SETTLE_COARSE_NS if coarse else SETTLE_FINE_NS)
+
+
+def _memo_header(stat: list[int]) -> dict[str, object]:
+    return {"format": MEMO_FORMAT, "duckdb": duckdb.__version__, "stat": stat}
+
+
+def memoised_sums(store: Path) -> dict[str, str] | None:
+    """The store's ``facts.source_sums`` from the memo where the store is unchanged since they were
+    taken, else None; never scans or writes. For a reader that only wants to skip the scan
+    (``equipoise report``); it should hold a read-only connection to the store, so that no other
+    process writes it between this check and its reads."""
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        saved = json.loads((cache_dir(store) / "stat.json").read_text(encoding="utf-8"))
+        sums = saved.pop("sums")
+        ok = saved == _memo_header(_stat(store)) and set(sums) == set(facts.SOURCE_TABLES)
+        if ok and all(isinstance(v, str) for v in sums.values()):
+            return dict(sums)
+    return None
+
+
+def source_sums(con: duckdb.DuckDBPyConnection, store: Path) -> dict[str, str]:
+    """The store's ``facts.source_sums``: from the memo when the store is unchanged, else one scan,
+    memoised where the store has settled (``_settled``) and ``con`` is read-only. Why read-only: such
+    a connection holds DuckDB's shared lock on the file, so no process writes it while it is open
+    and the stat taken here is the stat of the rows scanned (a writable one could write between)."""
+    sums = memoised_sums(store)
+    if sums is not None:
+        return sums
     stat = _stat(store)
-    with contextlib.suppress(OSError, ValueError):
-        saved = json.loads(memo.read_text(encoding="utf-8"))
-        if saved.get("stat") == stat and isinstance(saved.get("fingerprint"), str):
-            return str(saved["fingerprint"])
-    fp = facts.fingerprint(con)
-    _atomic_write(memo, json.dumps({"stat": stat, "fingerprint": fp}).encode())
-    return fp
+    taken = time.time_ns()
+    sums = facts.source_sums(con)
+    read_only = scalar(con, "SELECT current_setting('access_mode')") == "read_only"
+    if read_only and _settled(stat, taken):
+        memo = json.dumps({**_memo_header(stat), "sums": sums})
+        _atomic_write(cache_dir(store) / "stat.json", memo.encode())
+    return sums
+
+
+def content_version(con: duckdb.DuckDBPyConnection, store: Path) -> tuple[str, dict[str, str]]:
+    """The store's fingerprint (the cache's content version) and the source sums it is made of,
+    which the caller hands on to ``registry.prepare`` so that the pass does not scan again."""
+    sums = source_sums(con, store)
+    return facts.fingerprint(con, sums), sums
 
 
 @functools.cache

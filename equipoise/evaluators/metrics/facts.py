@@ -46,6 +46,7 @@ any metrics pass pays anyway.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 import duckdb
 
@@ -132,23 +133,31 @@ def _columns(con: duckdb.DuckDBPyConnection, table: str) -> str:
     return ", ".join(f'"{r[0]}"' for r in con.execute(f"DESCRIBE main.{table}").fetchall())
 
 
-def _fingerprint_of(con: duckdb.DuckDBPyConnection, tables: tuple[str, ...]) -> str:
-    """SHA-256 of the fact definitions and, per table, its row count and the sum of its rows'
-    hashes (DuckDB ``hash`` over every column). One query, one scan of each table."""
+def source_sums(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """Per source table, its row count and the sum of its rows' hashes (DuckDB ``hash`` over every
+    column) as ``'count:sum'``: one query, one scan of each table. What every fingerprint is made
+    of; ``cache.source_sums`` keeps them beside the store, so a reader can skip the scan."""
     parts = [
         f"(SELECT count(*)::VARCHAR || ':' || coalesce(sum(hash({_columns(con, t)})), 0)::VARCHAR "
         f"FROM main.{t})"
-        for t in tables
+        for t in SOURCE_TABLES
     ]
     row = con.execute("SELECT " + ", ".join(parts)).fetchone()
     assert row is not None
-    text = _definitions() + "\x1d" + "\x1d".join(f"{t}={v}" for t, v in zip(tables, row, strict=True))
+    return dict(zip(SOURCE_TABLES, (str(v) for v in row), strict=True))
+
+
+def _digest(sums: Mapping[str, str], tables: tuple[str, ...]) -> str:
+    """SHA-256 of the fact definitions and, per table of ``tables``, its ``source_sums`` entry."""
+    text = _definitions() + "\x1d" + "\x1d".join(f"{t}={sums[t]}" for t in tables)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def fingerprint(con: duckdb.DuckDBPyConnection) -> str:
-    """The store's fingerprint: definitions plus every source table (what readers check)."""
-    return _fingerprint_of(con, SOURCE_TABLES)
+def fingerprint(con: duckdb.DuckDBPyConnection, sums: Mapping[str, str] | None = None) -> str:
+    """The store's fingerprint: definitions plus every source table (what readers check). ``sums``:
+    the store's ``source_sums`` where the caller has them (computed on this connection, or from
+    ``cache.source_sums``), which saves the scan."""
+    return _digest(source_sums(con) if sums is None else sums, SOURCE_TABLES)
 
 
 def _run_fingerprints_sql(con: duckdb.DuckDBPyConnection) -> str:
@@ -173,12 +182,12 @@ def stored_fingerprint(con: duckdb.DuckDBPyConnection) -> str | None:
     return scalar(con, "SELECT value FROM main.store_meta WHERE key = ?", [META_KEY])
 
 
-def current(con: duckdb.DuckDBPyConnection) -> str | None:
-    """The store's fingerprint when its facts match it, else None."""
+def current(con: duckdb.DuckDBPyConnection, sums: Mapping[str, str] | None = None) -> str | None:
+    """The store's fingerprint when its facts match it, else None; ``sums`` as in ``fingerprint``."""
     stored = stored_fingerprint(con)
     if stored is None:
         return None
-    return stored if fingerprint(con) == stored else None
+    return stored if fingerprint(con, sums) == stored else None
 
 
 def _meta(con: duckdb.DuckDBPyConnection, key: str) -> str | None:
@@ -196,11 +205,12 @@ def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> bool:
     computed in batches of ``BATCH_PREDICTIONS`` predictions under ``REFRESH_MEMORY_LIMIT``, so
     the peak memory depends on the batch, not on the store's size.
     """
-    fp = fingerprint(con)
+    sums = source_sums(con)  # one scan gives both fingerprints
+    fp = _digest(sums, SOURCE_TABLES)
     stored = stored_fingerprint(con)
     if not force and stored == fp:
         return False
-    shared = _fingerprint_of(con, SHARED_TABLES)
+    shared = _digest(sums, SHARED_TABLES)
     incremental = (
         not force
         and stored is not None

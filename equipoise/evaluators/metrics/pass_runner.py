@@ -151,12 +151,14 @@ def run_pass(
     jobs: int = DEFAULT_JOBS,
     on_done: Callable[[MetricDone], None] | None = None,
     on_error: Callable[[str, Exception], bool] | None = None,
+    sums: Mapping[str, str] | None = None,
 ) -> list[MetricDone]:
     """Write every metric of ``targets`` (name -> file, ``registry.write_result``) over the store of
     ``con``, in up to ``jobs`` lanes (see the module docstring), grouped by ``by`` (default: each
-    metric's own) with ``params[name]``. Prepares ``con`` for a pass (``prepare(materialize=True)``)
-    and a cursor per further lane, closed at the end. ``on_done`` is called after each metric, one
-    call at a time (progress, caching the file). A failure stops the lanes from taking further
+    metric's own) with ``params[name]``. Prepares ``con`` for a pass (``prepare(materialize=True)``,
+    with the store's source ``sums`` where the caller has them) and a cursor per further lane,
+    closed at the end. ``on_done`` is called after each metric, one call at a time (progress,
+    caching the file). A failure stops the lanes from taking further
     metrics and raises ``PassError`` for the first failed metric in ``targets`` order, unless
     ``on_error(name, error)`` returns True: the failure is then the caller's record and the pass
     goes on (a report skips a metric the store cannot give, a benchmark reports it). Like
@@ -167,7 +169,7 @@ def run_pass(
     done."""
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, not {jobs}")
-    registry.prepare(con, materialize=True)
+    registry.prepare(con, materialize=True, sums=sums)
     heavy, light = schedule(list(targets))
     if not uses_facts(con):
         jobs = 1

@@ -11,7 +11,7 @@ call.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -174,7 +174,9 @@ def uses_facts(con: duckdb.DuckDBPyConnection) -> bool:
     return FACTS_MARK in temp_tables(con)
 
 
-def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
+def prepare(
+    con: duckdb.DuckDBPyConnection, materialize: bool = False, sums: Mapping[str, str] | None = None
+) -> None:
     """Create the base relations ``scored``, ``option_probs`` and ``sample_probs`` (TEMP, so
     read-only stores work), and the view ``scored_probs`` (``scored`` with per-sample columns of
     ``sample_probs``, see ``scored_probs_sql``).
@@ -185,11 +187,13 @@ def prepare(con: duckdb.DuckDBPyConnection, materialize: bool = False) -> None:
     predictions to runs, items and options are most of each metric's cost). Once materialized,
     later calls keep the tables. When the store holds current fact tables (``facts.refresh``,
     checked by fingerprint) ``materialize=True`` reads those instead of computing anything, with
-    DuckDB's memory capped for the pass (``cap_pass_memory``).
+    DuckDB's memory capped for the pass (``cap_pass_memory``). That check is one scan of the source
+    tables unless the caller hands in their ``sums`` (``facts.source_sums``: scanned by this command
+    already, or ``cache.source_sums`` of an unchanged store).
     """
     if _materialized(con):
         return
-    if materialize and facts.current(con) is not None:
+    if materialize and facts.current(con, sums) is not None:
         read_facts(con)
         cap_pass_memory(con)
         return
