@@ -1,0 +1,101 @@
+"""benchmarks/metrics_bench.py --repeat: both paths run again over the same store, in alternating
+order, and each run's ratio and checks are on record (the spread, not one draw, says whether a
+ratio goal holds on a shared machine)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+def _bench_module():
+    """metrics_bench.py as a module (it imports its sibling procstats.py by name)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location("metrics_bench_under_test", BENCH / "metrics_bench.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="the benchmark reads /proc (Linux)")
+def test_repeat_runs_both_paths_again_in_alternating_order(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    cmd = [
+        sys.executable,
+        str(BENCH / "metrics_bench.py"),
+        "--rows",
+        "3000",
+        "--repeat",
+        "2",
+        "--out",
+        str(out),
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    got = json.loads(out.read_text())
+    runs = got["repeats"]
+    assert [r["run"] for r in runs] == [1, 2]
+    assert [r["order"] for r in runs] == [["duckdb", "reference"], ["reference", "duckdb"]]
+    for r in runs:
+        assert r["mismatches"] == 0 and r["uncompared"] == [] and r["errors"] == []
+        assert r["ratio"] == pytest.approx(r["reference_s"] / r["duckdb_s"])
+        assert len(r["loadavg_before"]) == 3 and r["duckdb_peak_rss_mib"] > 0
+    # run 1 is the run the per-metric table and the top-level fields describe
+    assert runs[0]["ratio"] == got["ratio"] and runs[0]["duckdb_s"] == got["total_duckdb_s"]
+    median = statistics.median(r["ratio"] for r in runs)
+    assert f"ratio over 2 runs: median {median:.2f}x" in res.stdout
+    assert got["targets"]["ratio_ge_20_every_run"] == all(r["ratio"] >= 20 for r in runs)
+
+
+def test_a_repeat_with_a_mismatch_or_an_uncompared_metric_fails(capsys) -> None:
+    bench = _bench_module()
+    ok = {
+        "run": 1,
+        "order": ["duckdb", "reference"],
+        "loadavg_before": [1.0, 1.0, 1.0],
+        "duckdb_s": 2.0,
+        "reference_s": 50.0,
+        "ratio": 25.0,
+        "duckdb_peak_rss_mib": 300.0,
+        "mismatches": 0,
+        "uncompared": [],
+        "errors": [],
+    }
+    assert bench._print_repeats([ok, {**ok, "run": 2}], 400.0) is False
+    assert bench._print_repeats([ok, {**ok, "run": 2, "mismatches": 3}], 400.0) is True
+    assert bench._print_repeats([ok, {**ok, "run": 2, "uncompared": ["aurc"]}], 400.0) is True
+    assert bench._print_repeats([ok, {**ok, "run": 2, "errors": ["aurc"]}], 400.0) is True
+    shown = capsys.readouterr().out
+    assert "NOT COMPARED: aurc" in shown and "FAILED: aurc" in shown
+    assert "2 of 2 at >= 20x" in shown
+    # a record of a run whose comparison is missing a metric: uncompared, not silently 0
+    rec = bench._run_record(
+        3,
+        ["reference", "duckdb"],
+        (1.0, 1.0, 1.0),
+        {
+            k: {"total_s": 1.0, "cpu_s": 1.0, "peak_rss_mib": 1.0, "errors": {}}
+            for k in ("duckdb", "reference")
+        },
+        {"auroc": {"mismatches": 0}, "aurc": {"mismatches": None}},
+        ["auroc", "aurc", "brier"],
+    )
+    assert rec["mismatches"] == 0 and rec["uncompared"] == ["aurc", "brier"]
