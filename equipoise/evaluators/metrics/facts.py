@@ -39,8 +39,10 @@ and an order-independent sum of row hashes of every source table, and the facts 
 the fingerprint stored with them (``store_meta`` key ``facts_fingerprint``) equals the store's
 fingerprint now. Any write that changes a source table (through this package or plain SQL) changes
 the fingerprint, and the metrics fall back to computing the relations for the connection, so a
-stale fact can never reach a result. The fingerprint is one scan of the source tables, the floor
-any metrics pass pays anyway.
+stale fact can never reach a result. The fingerprint is one scan of the source tables
+(:func:`source_sums`), the floor any metrics pass pays anyway: once per ``equipoise metrics``,
+whose cache key and facts check share it, and not at all where the cache's memo of the sums holds
+(``cache.source_sums``).
 """
 
 from __future__ import annotations
