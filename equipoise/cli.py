@@ -1126,6 +1126,7 @@ def metrics(
     from equipoise.evaluators.metrics.registry import prepare
     from equipoise.evaluators.store import scalar, sql_literal
 
+    opened = cache.file_stat(store)  # before opening: the memo must be of the file opened
     con = _connect(store, read_only=True, memory_limit=memory_limit)
     out: dict[str, Any] = {}
     if out_dir is not None:
@@ -1136,7 +1137,7 @@ def metrics(
             _fail(f"{out_dir}: cannot create the output folder ({exc.strerror or exc})")
     try:
         # the fingerprint's scan, once: the pass below checks its facts against the same sums
-        version, sums = (None, None) if no_cache else cache.content_version(con, store)
+        version, sums = (None, None) if no_cache else cache.content_version(con, store, opened)
         prepared = False
         # --out: the metrics to compute, their files, parameters and cache keys
         targets: dict[str, Path] = {}

@@ -185,6 +185,26 @@ def test_one_metrics_command_scans_the_store_once_and_a_later_one_not_at_all(
     assert len(scans) == 2
 
 
+def _memoise(store: Path) -> dict[str, str]:
+    """Open the store read-only as the CLI does (its stat first) and take the sums through the memo."""
+    opened = cache.file_stat(store)
+    con = connect(store, read_only=True)
+    try:
+        return cache.source_sums(con, store, opened)
+    finally:
+        con.close()
+
+
+def _memo_now(store: Path) -> dict[str, str] | None:
+    """What a reader that opens the store now would get from the memo."""
+    opened = cache.file_stat(store)
+    con = connect(store, read_only=True)
+    try:
+        return cache.memoised_sums(store, opened)
+    finally:
+        con.close()
+
+
 def test_a_store_changed_just_before_the_scan_keeps_no_memo(store: Path, monkeypatch) -> None:
     """A change within the file system's timestamp granularity of the stat could share its times
     with a later write of the same size, so its sums are used but not memoised."""
@@ -193,7 +213,7 @@ def test_a_store_changed_just_before_the_scan_keeps_no_memo(store: Path, monkeyp
     os.utime(store)  # changed now
     _metrics(store, "--format", "json", "--metric", "answer_rates")
     assert not (cache.cache_dir(store) / "stat.json").exists()
-    assert cache.memoised_sums(store) is None
+    assert _memo_now(store) is None
 
 
 def test_the_memo_is_tied_to_the_files_identity_and_times_and_duckdb(store: Path, monkeypatch) -> None:
@@ -203,29 +223,74 @@ def test_the_memo_is_tied_to_the_files_identity_and_times_and_duckdb(store: Path
     from equipoise.evaluators.metrics import facts
 
     _settle_now(monkeypatch)
+    want = _memoise(store)
     con = connect(store, read_only=True)
-    want = cache.source_sums(con, store)
     assert want == facts.source_sums(con)
     con.close()
-    assert cache.memoised_sums(store) == want
+    assert _memo_now(store) == want
     st = store.stat()
     os.utime(store, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime, new ctime
     assert store.stat().st_mtime_ns == st.st_mtime_ns and store.stat().st_size == st.st_size
     if store.stat().st_ctime_ns != st.st_ctime_ns:  # a ctime clock too coarse to move: nothing to see
-        assert cache.memoised_sums(store) is None
-    con = connect(store, read_only=True)
-    cache.source_sums(con, store)  # memoised again
-    con.close()
+        assert _memo_now(store) is None
+    _memoise(store)  # memoised again
     memo = cache.cache_dir(store) / "stat.json"
     saved = json.loads(memo.read_text())
-    assert cache.memoised_sums(store) == want
+    assert _memo_now(store) == want
     for field, value in (("duckdb", "0.0.1"), ("format", 1), ("stat", [0] * 10)):
         memo.write_text(json.dumps({**saved, field: value}))
-        assert cache.memoised_sums(store) is None, field
+        assert _memo_now(store) is None, field
     memo.write_text(json.dumps({**saved, "sums": {**want, "predictions": 3}}))
-    assert cache.memoised_sums(store) is None
-    memo.write_text("{not json")
-    assert cache.memoised_sums(store) is None
+    assert _memo_now(store) is None
+    for damaged in (
+        "{not json",
+        "{}",
+        "[]",
+        '{"sums": 3}',
+        json.dumps({"stat": saved["stat"], "fingerprint": "x"}),
+    ):
+        memo.write_text(damaged)
+        assert _memo_now(store) is None, damaged
+
+
+def test_a_memo_of_older_code_is_a_miss_for_metrics_and_report(
+    fact_store: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The memo layout before format 2 ({"stat", "fingerprint"}): both commands scan and go on, and
+    metrics writes the new layout in its place."""
+    from equipoise.evaluators import report
+
+    store = fact_store
+    _settle_now(monkeypatch)
+    memo = cache.cache_dir(store) / "stat.json"
+    memo.parent.mkdir()
+    old = json.dumps({"stat": [store.stat().st_size, store.stat().st_mtime_ns, -1, -1], "fingerprint": "f"})
+    memo.write_text(old)
+    report.write_report(store, tmp_path / "r")
+    assert memo.read_text() == old  # a report never writes one
+    assert json.loads(_metrics(store, "--format", "json", "--metric", "answer_rates"))["answer_rates"]
+    assert "sums" in json.loads(memo.read_text())
+
+
+def test_the_memo_is_never_used_for_a_file_renamed_over_the_path(
+    store: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A store replaced under its path between the reader's stat and its open (rsync, cp + mv) is
+    another inode: the memo is neither read nor written for what the connection opened."""
+    _settle_now(monkeypatch)
+    want = _memoise(store)
+    opened = cache.file_stat(store)
+    copy = tmp_path / "copy.duckdb"
+    copy.write_bytes(store.read_bytes())
+    os.replace(copy, store)  # same bytes, another inode
+    con = connect(store, read_only=True)
+    assert cache.memoised_sums(store, opened) is None  # the stat taken before the open no longer holds
+    scans = _count_scans(monkeypatch)
+    assert cache.source_sums(con, store, opened) == want and len(scans) == 1
+    con.close()
+    memo = json.loads((cache.cache_dir(store) / "stat.json").read_text())
+    assert memo["stat"] == opened  # still the memo of the replaced file: nothing written for the new one
+    assert _memo_now(store) is None
 
 
 def test_settled_needs_quiet_longer_than_the_timestamp_granularity() -> None:
@@ -254,11 +319,12 @@ def test_memoised_sums_of_other_fact_definitions_still_find_the_facts_stale(
 
     store = fact_store
     _settle_now(monkeypatch)
+    sums = _memoise(store)
     con = connect(store, read_only=True)
-    sums = cache.source_sums(con, store)
     assert facts.current(con, sums) is not None
     monkeypatch.setattr(facts, "FACTS_FORMAT", facts.FACTS_FORMAT + 1000)
-    assert facts.current(con, cache.memoised_sums(store)) is None
+    assert cache.memoised_sums(store, cache.file_stat(store)) == sums
+    assert facts.current(con, sums) is None
     con.close()
 
 
@@ -272,21 +338,29 @@ def test_report_skips_the_scan_with_a_memo_and_never_writes_one(
     scans = _count_scans(monkeypatch)
     report.write_report(store, tmp_path / "r1")
     assert len(scans) == 1 and not (cache.cache_dir(store) / "stat.json").exists()
-    con = connect(store, read_only=True)
-    cache.source_sums(con, store)
-    con.close()
+    _memoise(store)
     report.write_report(store, tmp_path / "r2")
     assert len(scans) == 2  # the memo's scan only
     for f in sorted((tmp_path / "r1").glob("*.csv")):
         assert (tmp_path / "r2" / f.name).read_bytes() == f.read_bytes(), f.name
 
 
-def test_a_writable_connection_scans_but_keeps_no_memo(store: Path, monkeypatch) -> None:
-    """Only a read-only connection's lock keeps other writers out between the stat and the scan."""
+def test_a_writable_connection_neither_reads_nor_writes_the_memo(store: Path, monkeypatch) -> None:
+    """Only a read-only connection's lock keeps other writers out between the stat and the scan;
+    and a writable one may hold rows of its own that no memo counts (an open transaction)."""
     from equipoise.evaluators.metrics import facts
 
     _settle_now(monkeypatch)
     con = connect(store)
-    assert cache.source_sums(con, store) == facts.source_sums(con)
+    opened = cache.file_stat(store)
+    assert cache.source_sums(con, store, opened) == facts.source_sums(con)
     con.close()
     assert not (cache.cache_dir(store) / "stat.json").exists()
+    before = _memoise(store)
+    opened = cache.file_stat(store)
+    con = connect(store)
+    con.execute("BEGIN")
+    con.execute("DELETE FROM predictions WHERE sample_index = 1")
+    assert cache.source_sums(con, store, opened) != before  # its own rows, not the memo's
+    con.execute("ROLLBACK")
+    con.close()

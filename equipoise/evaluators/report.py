@@ -238,6 +238,7 @@ def write_report(store: Path, out: Path, memory_limit: str | None = None, jobs: 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"{out}: cannot create the report folder ({exc.strerror or exc})") from exc
+    opened = cache.file_stat(store)  # before opening: the memo must be of the file opened
     con = connect(store, read_only=True, memory_limit=memory_limit)
     rep = Report(out)
     try:
@@ -251,10 +252,11 @@ def write_report(store: Path, out: Path, memory_limit: str | None = None, jobs: 
 
         failure: Exception | None = None
         try:  # prepares the base joins once for every table and plot
-            # the memo of `equipoise metrics` (cache.memoised_sums, taken while this connection
-            # holds the store) spares the pass its fingerprint scan; a report never writes one
+            # the memo of `equipoise metrics` (cache.memoised_sums, checked while this read-only
+            # connection holds the store) spares the pass its fingerprint scan; a report never
+            # writes one
             targets = {name: out / f"{name}.csv" for name in names}
-            sums = cache.memoised_sums(store)
+            sums = cache.memoised_sums(store, opened)
             done = run_pass(con, targets, jobs=jobs, on_error=skip, sums=sums)
             written = {d.name for d in done}
         except PassError as exc:

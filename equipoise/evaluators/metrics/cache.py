@@ -14,13 +14,19 @@ under a key made of exactly those, in a folder next to the store (``<store>.cach
 - computing that fingerprint is one scan of the store, so what the scan gives
   (:func:`equipoise.evaluators.metrics.facts.source_sums`) is memoised in ``stat.json`` against the
   store file's identity and times (device, inode, size, modification and change times in
-  nanoseconds; the write-ahead log's too) and DuckDB's version (its ``hash`` gives the sums). A
-  write changes the file's mtime and ctime, so a matching stat means the sums are still right; a
-  mismatch only costs one scan. A memo is kept only when the store's last change is older than its
-  file system's timestamp granularity (``_settled``): a write in the same clock tick as the stat could
-  otherwise leave the times, and with the size the stat, as they were. The metrics pass of the same
+  nanoseconds; the write-ahead log's too) and DuckDB's version (its ``hash`` gives the sums). On
+  POSIX systems a write changes the file's mtime and ctime (ctime cannot be set back, as ``touch``
+  or ``cp -p`` set mtime), so a matching stat means the sums are still right; a mismatch only costs
+  one scan. (On Windows ``st_ctime`` is the creation time: there the stat rests on size and mtime.)
+  A memo is kept only when the store's last change is older than its file system's timestamp
+  granularity (``_settled``): a write in the same clock tick as the stat could otherwise leave the
+  times, and with the size the stat, as they were. That compares file times with this machine's
+  clock, so it assumes a file server's clock within about that granularity of it. The memo is read
+  and written only through a read-only connection to a store file (a folder of Parquet parts is
+  read into memory and always scanned) whose path still names the file the connection opened
+  (:func:`file_stat` taken before opening it, equal to the stat now). The metrics pass of the same
   command reuses the sums (``registry.prepare``), so one command scans the store at most once, and
-  a later one not at all.
+  a later one, on an unchanged store file, not at all.
 
 Results are Parquet files written to a temporary name and renamed into place, so a concurrent or
 interrupted writer never leaves half a file under a key. A folder that cannot be written (a
@@ -66,9 +72,11 @@ SETTLE_FINE_NS = 100_000_000
 SETTLE_COARSE_NS = 3_000_000_000
 
 
-def _stat(store: Path) -> list[int]:
+def file_stat(store: Path) -> list[int]:
     """Device, inode, size, mtime and ctime (ns) of the store and of its write-ahead log (-1 each
-    where the log does not exist)."""
+    where a file does not exist). Taken before a connection is opened and handed to
+    :func:`source_sums` / :func:`memoised_sums`, it proves that the path still names the file the
+    connection opened (a file renamed over the path in between would show another inode)."""
     out = []
     for p in (store, Path(f"{store}.wal")):
         try:
@@ -95,42 +103,53 @@ def _memo_header(stat: list[int]) -> dict[str, object]:
     return {"format": MEMO_FORMAT, "duckdb": duckdb.__version__, "stat": stat}
 
 
-def memoised_sums(store: Path) -> dict[str, str] | None:
-    """The store's ``facts.source_sums`` from the memo where the store is unchanged since they were
-    taken, else None; never scans or writes. For a reader that only wants to skip the scan
-    (``equipoise report``); it should hold a read-only connection to the store, so that no other
-    process writes it between this check and its reads."""
-    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+def memoised_sums(store: Path, opened: list[int]) -> dict[str, str] | None:
+    """The store's ``facts.source_sums`` from the memo where the store file is unchanged since they
+    were taken, else None; never scans or writes. ``opened``: the store's :func:`file_stat` taken
+    before the caller opened its connection, which must be read-only (so that no other process
+    writes the file while it is open, and none wrote it since ``opened``, which this checks). For
+    a reader that only wants to skip the scan (``equipoise report``)."""
+    stat = file_stat(store)
+    if stat != opened or not store.is_file():
+        return None
+    # a memo of another layout (older code: no "sums") or damaged is a miss, never an error
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, KeyError):
         saved = json.loads((cache_dir(store) / "stat.json").read_text(encoding="utf-8"))
         sums = saved.pop("sums")
-        ok = saved == _memo_header(_stat(store)) and set(sums) == set(facts.SOURCE_TABLES)
+        ok = saved == _memo_header(stat) and set(sums) == set(facts.SOURCE_TABLES)
         if ok and all(isinstance(v, str) for v in sums.values()):
             return dict(sums)
     return None
 
 
-def source_sums(con: duckdb.DuckDBPyConnection, store: Path) -> dict[str, str]:
+def source_sums(con: duckdb.DuckDBPyConnection, store: Path, opened: list[int] | None) -> dict[str, str]:
     """The store's ``facts.source_sums``: from the memo when the store is unchanged, else one scan,
-    memoised where the store has settled (``_settled``) and ``con`` is read-only. Why read-only: such
-    a connection holds DuckDB's shared lock on the file, so no process writes it while it is open
-    and the stat taken here is the stat of the rows scanned (a writable one could write between)."""
-    sums = memoised_sums(store)
+    memoised where the store has settled (``_settled``). The memo is read and written only when
+    ``con`` is read-only and ``opened`` (see :func:`memoised_sums`) is still the file's stat. Why
+    read-only: such a connection holds DuckDB's shared lock on the file, so no process writes it
+    while it is open and the stat is the stat of the rows scanned; a writable one could write
+    between, or hold uncommitted rows that the memo's sums do not count. Otherwise: one scan."""
+    read_only = scalar(con, "SELECT current_setting('access_mode')") == "read_only"
+    if not read_only or opened is None:
+        return facts.source_sums(con)
+    sums = memoised_sums(store, opened)
     if sums is not None:
         return sums
-    stat = _stat(store)
     taken = time.time_ns()
     sums = facts.source_sums(con)
-    read_only = scalar(con, "SELECT current_setting('access_mode')") == "read_only"
-    if read_only and _settled(stat, taken):
-        memo = json.dumps({**_memo_header(stat), "sums": sums})
+    if opened == file_stat(store) and store.is_file() and _settled(opened, taken):
+        memo = json.dumps({**_memo_header(opened), "sums": sums})
         _atomic_write(cache_dir(store) / "stat.json", memo.encode())
     return sums
 
 
-def content_version(con: duckdb.DuckDBPyConnection, store: Path) -> tuple[str, dict[str, str]]:
+def content_version(
+    con: duckdb.DuckDBPyConnection, store: Path, opened: list[int] | None
+) -> tuple[str, dict[str, str]]:
     """The store's fingerprint (the cache's content version) and the source sums it is made of,
-    which the caller hands on to ``registry.prepare`` so that the pass does not scan again."""
-    sums = source_sums(con, store)
+    which the caller hands on to ``registry.prepare`` so that the pass does not scan again;
+    ``opened`` as in :func:`source_sums`."""
+    sums = source_sums(con, store, opened)
     return facts.fingerprint(con, sums), sums
 
 
