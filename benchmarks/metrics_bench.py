@@ -47,10 +47,13 @@ cell agrees, 1 on any mismatch or a failed metric.
 
 ``--repeat N`` runs both paths N times over the same store (the first run is the one the table
 shows; the order of the two paths alternates from run to run, so neither always runs on a machine
-the other just warmed or heated) and prints each run's load, totals, ratio and mismatches, then the
-median, the range and how many runs reached the goal. Why: one ratio on a shared 2-core machine
-moves by a fifth between runs minutes apart (benchmarks/RESULTS.md, issue 13), so whether a goal
-holds is a question about the spread, which one command should answer with its load on record.
+the other just warmed or heated) and prints each run's load average before it, totals, ratio and
+mismatches, then the median, the range and how many runs reached the goal. Why: one ratio on a
+shared 2-core machine moves by a fifth between runs minutes apart (benchmarks/RESULTS.md, issue
+13), so whether a goal holds is a question about the spread, which one command should answer. The
+load averages (1, 5 and 15 minutes) include this benchmark's own earlier runs (the reference keeps
+a core busy for a minute or more), so on an otherwise idle machine they sit near 1: they show
+other work only where they rise above that.
 """
 
 from __future__ import annotations
@@ -501,13 +504,13 @@ def _rows_of(duck_dir: Path, name: str) -> tuple[int | None, bool]:
 
 
 def _at_least_one(text: str) -> int:
-    """argparse type of --jobs: a whole number of lanes, at least 1."""
+    """argparse type of --jobs (lanes) and --repeat (runs): a whole number, at least 1."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"at least 1 lane, not {value}")
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
 
 
