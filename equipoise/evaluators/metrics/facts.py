@@ -208,7 +208,7 @@ def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> bool:
     the peak memory depends on the batch, not on the store's size.
     """
     sums = source_sums(con)  # one scan gives both fingerprints
-    fp = _digest(sums, SOURCE_TABLES)
+    fp = fingerprint(con, sums)
     stored = stored_fingerprint(con)
     if not force and stored == fp:
         return False
