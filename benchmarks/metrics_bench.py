@@ -299,12 +299,20 @@ def _selected(names: list[str], only: str | None, strict: bool = True) -> list[s
     return [n for n in names if n in wanted]
 
 
-def child_duckdb(store: Path, outdir: Path, memory_limit: str | None, only: str | None, jobs: int) -> None:
-    """`equipoise metrics --out DIR --jobs N` with no other options, timed per metric (compute +
-    write). With ``jobs`` > 1 the metrics run in lanes (``pass_runner.run_pass``): each metric's time
-    is its own wall time in its lane, so they add up to more than the total."""
+def child_duckdb(
+    store: Path,
+    outdir: Path,
+    memory_limit: str | None,
+    only: str | None,
+    jobs: int,
+    conformal_repeats: int | None = None,
+) -> None:
+    """`equipoise metrics --out DIR --jobs N` with no other options (but ``--param repeats=R`` when
+    ``conformal_repeats`` is given), timed per metric (compute + write). With ``jobs`` > 1 the metrics
+    run in lanes (``pass_runner.run_pass``): each metric's time is its own wall time in its lane, so
+    they add up to more than the total."""
     from equipoise.evaluators.metrics.pass_runner import run_pass
-    from equipoise.evaluators.metrics.registry import metric_names, prepare
+    from equipoise.evaluators.metrics.registry import REGISTRY, metric_names, prepare
     from equipoise.evaluators.store import connect
 
     names = metric_names()  # imports every metric module before the clock starts
@@ -325,13 +333,25 @@ def child_duckdb(store: Path, outdir: Path, memory_limit: str | None, only: str 
     ).fetchall()[0]
     res.step("(open + prepare)", time.perf_counter() - t0)
     targets = {name: outdir / f"{name}.parquet" for name in _selected(names, only)}
+    params = {
+        name: {"repeats": conformal_repeats}
+        for name in targets
+        if conformal_repeats is not None and "repeats" in REGISTRY[name].params
+    }
 
     def failed(name: str, exc: Exception) -> bool:
         """A failing metric is reported, not fatal to the benchmark: the rest run on."""
         res.errors[name] = "".join(traceback.format_exception(exc, limit=3))
         return True
 
-    run_pass(con, targets, jobs=jobs, on_done=lambda d: res.step(d.name, d.seconds), on_error=failed)
+    run_pass(
+        con,
+        targets,
+        params=params,
+        jobs=jobs,
+        on_done=lambda d: res.step(d.name, d.seconds),
+        on_error=failed,
+    )
     con.close()
     total, cpu = time.perf_counter() - t_all, cpu_s() - cpu0
     res.save(
@@ -346,10 +366,16 @@ def child_duckdb(store: Path, outdir: Path, memory_limit: str | None, only: str 
     )
 
 
-def child_reference(store: Path, outdir: Path, only: str | None = None) -> None:
-    """The reference, timed per metric (compute in pandas / scikit-learn + write the frame)."""
+def child_reference(
+    store: Path, outdir: Path, only: str | None = None, conformal_repeats: int | None = None
+) -> None:
+    """The reference, timed per metric (compute in pandas / scikit-learn + write the frame), with
+    ``conformal_repeats`` random splits in its conformal metrics where given."""
     sys.path.insert(0, str(HERE))
     import metrics_reference as ref
+
+    if conformal_repeats is not None:
+        ref.REPEATS = conformal_repeats
 
     base_mib = (status_kib("VmRSS") or 0) / 1024
     res = _Results(outdir)
@@ -381,6 +407,7 @@ def run_child(
     memory_limit: str | None = None,
     only: str | None = None,
     jobs: int | None = None,
+    conformal_repeats: int | None = None,
 ) -> dict[str, Any]:
     outdir.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -395,6 +422,7 @@ def run_child(
         *(["--memory-limit", memory_limit] if memory_limit else []),
         *(["--metrics", only] if only else []),
         *(["--jobs", str(jobs)] if jobs is not None else []),
+        *(["--conformal-repeats", str(conformal_repeats)] if conformal_repeats is not None else []),
     ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -549,14 +577,22 @@ def main() -> int:
         help="runs of both paths over the same store (order alternated; default 1): prints each "
         "run's ratio and the median, range and share of runs at the goal",
     )
+    ap.add_argument(
+        "--conformal-repeats",
+        type=_at_least_one,
+        help="random calibration splits of the conformal metrics on both paths (`equipoise metrics "
+        "--param repeats=R`; default: the package's default, which the reference's REPEATS matches)",
+    )
     ap.add_argument("--child", choices=("duckdb", "reference"), help=argparse.SUPPRESS)
     ap.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         if args.child == "duckdb":
-            child_duckdb(args.store, args.workdir, args.memory_limit, args.metrics, args.jobs)
+            child_duckdb(
+                args.store, args.workdir, args.memory_limit, args.metrics, args.jobs, args.conformal_repeats
+            )
         else:
-            child_reference(args.store, args.workdir, args.metrics)
+            child_reference(args.store, args.workdir, args.metrics, args.conformal_repeats)
         return 0
 
     started = datetime.now(UTC).isoformat(timespec="seconds")
@@ -604,6 +640,7 @@ def main() -> int:
                 args.memory_limit if kind == "duckdb" else None,
                 args.metrics,
                 args.jobs if kind == "duckdb" else None,
+                args.conformal_repeats,
             )
         cmp_ = _compare_all(workdir / "duckdb", workdir / "reference", args.metrics) if len(got) == 2 else {}
         return got, cmp_

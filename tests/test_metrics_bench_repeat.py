@@ -99,3 +99,30 @@ def test_a_repeat_with_a_mismatch_or_an_uncompared_metric_fails(capsys) -> None:
         ["auroc", "aurc", "brier"],
     )
     assert rec["mismatches"] == 0 and rec["uncompared"] == ["aurc", "brier"]
+
+
+def test_conformal_repeats_reach_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--conformal-repeats R runs the conformal metrics of BOTH paths with R random splits: were it
+    to reach only one, their outputs would still agree with each other on everything but the
+    ``repeats`` column, so the column itself is what this reads back."""
+    import pandas as pd
+
+    bench = _bench_module()
+    monkeypatch.syspath_prepend(str(BENCH))
+    import metrics_reference as ref
+
+    monkeypatch.setattr(ref, "REPEATS", ref.REPEATS)  # child_reference sets it; restored after
+    store = tmp_path / "store.duckdb"
+    bench.build_store(store, 3000, 2, 1, 0, "plain")
+    bench.write_facts(store)
+    names = "conformal_lac,conformal_sampling"
+    for path in ("duckdb", "reference"):
+        (tmp_path / path).mkdir()
+    bench.child_duckdb(store, tmp_path / "duckdb", None, names, 1, conformal_repeats=3)
+    bench.child_reference(store, tmp_path / "reference", names, conformal_repeats=3)
+    for path in ("duckdb", "reference"):
+        for name in names.split(","):
+            got = pd.read_parquet(tmp_path / path / f"{name}.parquet")
+            assert len(got) > 0 and set(got["repeats"]) == {3}, (path, name)
+    compared = bench._compare_all(tmp_path / "duckdb", tmp_path / "reference", names)
+    assert [compared[n]["mismatches"] for n in names.split(",")] == [0, 0]
