@@ -4,6 +4,7 @@ run) per stratum, and, over a store's facts, the SQL mask table (``conf_mask.sql
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -190,21 +191,58 @@ def test_a_sample_without_units_gives_the_same_empty_table(tied_facts, monkeypat
         pd.testing.assert_frame_equal(a, b, check_exact=True)
 
 
-def test_above_the_unit_limit_the_sql_mask_is_built(tied_facts, monkeypatch) -> None:
-    """Above ``NUMPY_MASK_MAX_UNITS`` units the numpy arrays would outgrow what the pass's memory cap
-    sets aside for memory outside DuckDB: the mask table is then the SQL one, with the same rows;
-    at the limit itself, the numpy one."""
+@pytest.mark.parametrize("chunk", ["a third", "one stratum", "one unit"])
+def test_the_numpy_mask_in_runs_of_strata_is_the_same(tied_facts, chunk, monkeypatch) -> None:
+    """A store with more units than ``NUMPY_MASK_CHUNK_UNITS`` is split run of strata by run of
+    strata (a stratum larger than the limit alone), each run with only its own items hashed: the
+    table is the one-piece table, row for row and bit for bit, in 1 to 70 repeats."""
+    metric_names()
+    for by, params in (CASES[0], CASES[1], CASES[2]):
+        built, whole = _mask_run(tied_facts, by, params, monkeypatch)
+        units = int(whole["m0"].notna().sum())
+        strata = whole[whole["m0"].notna()].groupby(["gid", "sid"]).size()
+        assert built == [True] and len(strata) > 2
+        limit = {"a third": units // 3, "one stratum": int(strata.min()), "one unit": 1}[chunk]
+        monkeypatch.setattr(conformal, "NUMPY_MASK_CHUNK_UNITS", limit)
+        runs = conformal._mask_chunks(strata.to_numpy())
+        assert len(runs) > 2 and runs[0][0] == 0 and runs[-1][1] == len(strata) - 1
+        assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(runs))  # every stratum once
+        built, parts = _mask_run(tied_facts, by, params, monkeypatch)
+        assert built == [True]
+        pd.testing.assert_frame_equal(parts, whole, check_exact=True)
+        monkeypatch.undo()
+
+
+def test_a_failed_run_leaves_no_part_of_the_table(tied_facts, monkeypatch) -> None:
+    """The split fails in its second run of strata: the error reaches the caller, and no part of
+    the mask table stays behind for a later metric to take for the whole (the next ask builds it
+    whole)."""
     metric_names()
     by, params = CASES[0]
-    built, mask_np = _mask_run(tied_facts, by, params, monkeypatch)
-    units = int(mask_np["m0"].notna().sum())
-    assert built == [True] and units > 0
-    monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_UNITS", units - 1)
-    built, mask_big = _mask_run(tied_facts, by, params, monkeypatch)
-    assert built == []  # not even asked: the unit count decides before any staging
-    pd.testing.assert_frame_equal(mask_big, mask_np, check_exact=True)
-    monkeypatch.setattr(conformal, "NUMPY_MASK_MAX_UNITS", units)
-    assert _mask_run(tied_facts, by, params, monkeypatch)[0] == [True]
+    whole = _mask_run(tied_facts, by, params, monkeypatch)[1]
+    monkeypatch.setattr(conformal, "NUMPY_MASK_CHUNK_UNITS", int(whole["m0"].notna().sum()) // 3)
+    real, calls = conformal.split_mask.calibration_words, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise MemoryError("no room for the second run")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(conformal.split_mask, "calibration_words", flaky)
+    con = duckdb.connect(str(tied_facts), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        values = conformal._common(by, {**REGISTRY["conformal_lac"].params, **params})
+        with pytest.raises(MemoryError, match="second run"):
+            conformal._option_mask_table(con, values)
+        assert conformal._mask_table_name(con, values) not in conformal.temp_tables(con)
+        assert not any(t.endswith("_staged") for t in conformal.temp_tables(con))
+        table = conformal._option_mask_table(con, values)
+        again = con.execute(f"SELECT * FROM {table} ORDER BY sc_row").df()
+    finally:
+        con.close()
+    pd.testing.assert_frame_equal(again, whole, check_exact=True)
 
 
 def test_many_strata_fall_back_to_the_sql_mask(tied_facts, monkeypatch) -> None:

@@ -68,8 +68,9 @@ table is built without a join on (run_id, item_id) (``_coded``): ``facts_scored`
 scores and an integer item code (the item_id's rank in string order, so keyed by it the split is
 the same), and the table keeps the target scores the thresholds read; there the split itself is
 selected by numpy from those integer keys (``split_mask``: the same words bit for bit, 0.67-0.78
-against 1.05-1.35 s of one thread at 1M predictions, ``NUMPY_MASK``; up to ``NUMPY_MASK_MAX_UNITS``
-units, as its arrays are outside DuckDB's memory cap, and ``NUMPY_MASK_MAX_STEPS``). Otherwise
+against 1.05-1.35 s of one thread at 1M predictions, ``NUMPY_MASK``; in runs of whole strata of
+up to ``NUMPY_MASK_CHUNK_UNITS`` units, as its arrays are outside DuckDB's memory cap, and up to
+``NUMPY_MASK_MAX_STEPS``). Otherwise
 (views, and the
 sampling pools) each query computes it inline, except that pools 'item' read that TEMP table when
 the pass already holds it and the pools are exactly its units (checked in the same query; see
@@ -131,7 +132,6 @@ from equipoise.evaluators.metrics.registry import (
     temp_tables,
     uses_facts,
 )
-from equipoise.evaluators.store import scalar
 
 # columns a split may be stratified by, or coverage reported by
 CONF_STRATA: tuple[str, ...] = (
@@ -163,14 +163,17 @@ SLICE_BITS = 8
 # predictions (benchmarks/RESULTS.md, stop 33); the tests switch it off to
 # compare the two bit for bit
 NUMPY_MASK = True
-# ... for at most this many units (predictions of the sample with option scores). Its arrays live
-# outside DuckDB's memory limit, about 50 bytes per unit, and the pass's cap sets aside only 48 MiB
-# plus 3% of its limit for all such memory (``registry.PASS_OUTSIDE_*``). Measured at stop 33
-# (benchmarks/RESULTS.md): 26 MiB at 475k units, where the 1M-prediction passes peaked 365-377 MiB
-# under a 415 MiB file, and 239 MiB at 4.75M units, more than the 155 MiB set aside there. The
-# limit keeps the arrays near the size measured to fit; above it the SQL form runs, whose memory is
-# DuckDB's and under the cap, and which at 4.75M units was as fast (6.74 against 6.44 s)
-NUMPY_MASK_MAX_UNITS = 750_000
+# ... a run of whole strata of at most this many units (predictions of the sample with option
+# scores) at a time (a larger stratum is a run of its own). Its arrays live outside DuckDB's memory
+# limit, about 50 bytes per unit, and the pass's cap sets aside only 48 MiB plus 3% of its limit for
+# all such memory (``registry.PASS_OUTSIDE_*``). Measured at stop 33 (benchmarks/RESULTS.md): 26 MiB
+# at 475k units, where the 1M-prediction passes peaked 365-377 MiB under a 415 MiB file, and 239 MiB
+# at 4.75M units in one piece, more than the 155 MiB set aside there; so until stop 38 the SQL form
+# ran above 750k units. In runs of 750k the arrays stay near the size measured to fit at any store
+# size, and the SQL form, whose time grows faster than the repeats (its units carry one hash column
+# per repeat: at 4.75M units 4.8 s of one thread for 20 repeats, 51.9 s for 100), is left to the
+# views and the sampling pools
+NUMPY_MASK_CHUNK_UNITS = 750_000
 # ... and for at most this many (stratum, repeat) steps: numpy selects each stratum's cutoff in one
 # step of a Python loop over strata and repeats (~10 us each at 1M predictions: 0.23 s for 33 strata
 # x 20 repeats, 0.41 s for 1,000 x 20), where the SQL handles every stratum in one set-based pass
@@ -995,14 +998,8 @@ def _option_mask_table(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     table = _mask_table_name(con, values)
     if table in temp_tables(con):
         return table
-    if NUMPY_MASK and _coded(con):
-        n_units = scalar(
-            con,
-            "SELECT count(*) FROM main.facts_scored "
-            f"WHERE sample_index = {values['sample_index']} AND n_scored IS NOT NULL",
-        )
-        if n_units <= NUMPY_MASK_MAX_UNITS and _coded_mask_table(con, table, values):
-            return table
+    if NUMPY_MASK and _coded(con) and _coded_mask_table(con, table, values):
+        return table
     con.execute(f"CREATE TEMP TABLE {table} AS {_option_mask_query(con, values)}")
     return table
 
@@ -1031,19 +1028,16 @@ def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) 
         SELECT b.* EXCLUDE (run_id), r.rk FROM base b LEFT JOIN run_ranks r USING (run_id)"""
     )
     try:
-        # the strata's unit counts, in the order the units are fetched below; too many strata: the
-        # SQL's one set-based pass is faster, and nothing is fetched
-        sizes = columns.fetch(
-            con, f"SELECT count(*) AS n FROM {staged} WHERE has_probs GROUP BY gid, sid ORDER BY gid, sid"
-        )["n"]
+        # the strata (gid, sid) and their unit counts, in order; too many strata: the SQL's one
+        # set-based pass is faster, and nothing is fetched
+        strata = columns.fetch(
+            con,
+            f"SELECT gid, sid, count(*) AS n FROM {staged} WHERE has_probs "
+            "GROUP BY gid, sid ORDER BY gid, sid",
+        )
+        sizes = strata["n"]
         if len(sizes) * values["repeats"] > NUMPY_MASK_MAX_STEPS:
             return False
-        # the units stratum by stratum, in integer columns as narrow as their values (this memory is
-        # outside DuckDB's cap): item code, run rank, rowid
-        units = columns.fetch(
-            con,
-            f"SELECT ukey, rk::INTEGER AS rk, sc_row FROM {staged} WHERE has_probs ORDER BY gid, sid",
-        )
         kb = _key_base_sql(values["seed"], "any_value(item_id)")
         keys = columns.fetch(
             con,
@@ -1051,34 +1045,98 @@ def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) 
             f"JOIN (SELECT DISTINCT ukey FROM {staged} WHERE has_probs) ON ukey = {ITEM_CODE} "
             f"WHERE sample_index = {values['sample_index']} GROUP BY ukey",
         )
-        ukey = units["ukey"]
-        lookup = np.full(int(ukey.max()) + 1 if len(ukey) else 1, -1, dtype=np.int32)
+        lookup = np.full(int(keys["ukey"].max()) + 1 if len(keys["ukey"]) else 1, -1, dtype=np.int32)
         lookup[keys["ukey"]] = np.arange(len(keys["ukey"]), dtype=np.int32)
-        key_pos = lookup[ukey]
-        if len(key_pos) and int(key_pos.min()) < 0:  # the keys query missed a unit's item: a bug here
-            raise RuntimeError(f"{table}: {int(np.sum(key_pos < 0))} units have no split key")
-        words = split_mask.calibration_words(
-            sizes,
-            key_pos,
-            ukey,  # the item code is the item_id's rank in string order (registry.ITEM_CODE)
-            units["rk"],
-            keys["kb"],
-            values["repeats"],
-            values["cal_num"],
-            values["cal_den"],
+        names = ", ".join(f"m{w}" for w in range(_words(values["repeats"])))
+        nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
+        con.execute(
+            f"CREATE TEMP TABLE {table} AS SELECT gid, sid, sc_row, {_TARGETS}, {nulls} "
+            f"FROM {staged} WHERE NOT has_probs"
         )
-        cols = {"sc_row": units["sc_row"], **{f"m{w}": words[w] for w in range(len(words))}}
-        names = ", ".join(f"w.m{w}" for w in range(len(words)))
-        targets = ", ".join(f"t.{c}" for c in _TARGET_COLS)
-        with columns.registered(con, cols) as reg:
-            con.execute(
-                f"""CREATE TEMP TABLE {table} AS
-                    SELECT t.gid, t.sid, t.sc_row, {targets}, {names}
-                    FROM {staged} t LEFT JOIN {reg} w USING (sc_row)"""
-            )
-        return True
+        chunks = _mask_chunks(sizes)
+        for first, last in chunks:
+            where = "has_probs" if len(chunks) == 1 else _strata_range(strata, first, last)
+            _mask_chunk(con, table, staged, where, sizes[first : last + 1], keys["kb"], lookup, values, names)
+    except BaseException:
+        # never leave part of the table: a later metric of the pass would take it for the whole
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+        raise
     finally:
         con.execute(f"DROP TABLE IF EXISTS {staged}")
+    return True
+
+
+def _mask_chunks(sizes: np.ndarray) -> list[tuple[int, int]]:
+    """Runs of consecutive strata (first, last index, inclusive) of at most ``NUMPY_MASK_CHUNK_UNITS``
+    units each (a larger stratum is a run of its own): the numpy split handles one run at a time,
+    so its arrays never hold more units than that, however large the store."""
+    chunks: list[tuple[int, int]] = []
+    first, held = 0, 0
+    for i, n in enumerate(sizes.tolist()):
+        if held and held + n > NUMPY_MASK_CHUNK_UNITS:
+            chunks.append((first, i - 1))
+            first, held = i, 0
+        held += n
+    if held:
+        chunks.append((first, len(sizes) - 1))
+    return chunks
+
+
+def _strata_range(strata: columns.Columns, first: int, last: int) -> str:
+    """SQL: the units of strata ``first`` .. ``last`` (in (gid, sid) order) of ``strata``."""
+    g0, s0 = int(strata["gid"][first]), int(strata["sid"][first])
+    g1, s1 = int(strata["gid"][last]), int(strata["sid"][last])
+    return (
+        f"has_probs AND (gid > {g0} OR (gid = {g0} AND sid >= {s0})) "
+        f"AND (gid < {g1} OR (gid = {g1} AND sid <= {s1}))"
+    )
+
+
+def _mask_chunk(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    staged: str,
+    where: str,
+    sizes: np.ndarray,
+    kb: np.ndarray,
+    lookup: np.ndarray,
+    values: dict,
+    names: str,
+) -> None:
+    """Append to ``table`` the units of ``staged`` that ``where`` selects (whole strata, ``sizes``
+    their unit counts in order) with their mask words, selected by ``split_mask.calibration_words``
+    from the md5 bases ``kb`` of the items (``lookup``: item code -> index in ``kb``)."""
+    # the units stratum by stratum, in integer columns as narrow as their values (this memory is
+    # outside DuckDB's cap): item code, run rank, rowid
+    units = columns.fetch(
+        con, f"SELECT ukey, rk::INTEGER AS rk, sc_row FROM {staged} WHERE {where} ORDER BY gid, sid"
+    )
+    ukey = units["ukey"]
+    key_pos = lookup[ukey]
+    if len(key_pos) and int(key_pos.min()) < 0:  # the keys query missed a unit's item: a bug here
+        raise RuntimeError(f"{table}: {int(np.sum(key_pos < 0))} units have no split key")
+    if len(key_pos) < len(kb):  # a part of the units: hash only their own items in every repeat
+        own, key_pos = np.unique(key_pos, return_inverse=True)
+        kb = kb[own]
+    words = split_mask.calibration_words(
+        sizes,
+        key_pos,
+        ukey,  # the item code is the item_id's rank in string order (registry.ITEM_CODE)
+        units["rk"],
+        kb,
+        values["repeats"],
+        values["cal_num"],
+        values["cal_den"],
+    )
+    cols = {"sc_row": units["sc_row"], **{f"m{w}": words[w] for w in range(len(words))}}
+    del units, ukey, key_pos, words
+    with columns.registered(con, cols) as reg:
+        con.execute(
+            f"""INSERT INTO {table}
+                SELECT t.gid, t.sid, t.sc_row, {", ".join(f"t.{c}" for c in _TARGET_COLS)}, {names}
+                FROM {staged} t JOIN {reg} w USING (sc_row)
+                WHERE {where}"""
+        )
 
 
 def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:

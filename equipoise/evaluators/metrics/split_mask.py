@@ -17,8 +17,9 @@ scan, and packs the answers into words with one CASE per repeat. At 1M predictio
 largest single item of a metrics pass, against 0.67-0.78 s with this module (benchmarks/RESULTS.md,
 stop 33). The SQL form stays the definition for every other unit set (views, TEMP base relations,
 the sampling pools), where units are keyed by strings, and runs over the facts too where the units
-are many (``conformal.NUMPY_MASK_MAX_UNITS``: these arrays are outside DuckDB's memory cap) or fall
-in many strata (``conformal.NUMPY_MASK_MAX_STEPS``).
+fall in many strata (``conformal.NUMPY_MASK_MAX_STEPS``). Many units are handed to this module a run
+of whole strata at a time (``conformal.NUMPY_MASK_CHUNK_UNITS``: these arrays are outside DuckDB's
+memory cap).
 
 Nothing here loops over units in Python: the loops are over repeats and strata (20 x a few dozen
 at the defaults), each step a vectorized numpy operation over a stratum's units.

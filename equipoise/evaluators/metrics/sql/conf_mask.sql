@@ -6,7 +6,8 @@
 -- on nothing but the units (group, stratum, run_id, unit key), the seed, the repeats and cal_fraction, never
 -- on a score: conformal.py computes it once per connection and unit set and shares it between LAC, APS and
 -- coverage_by when the base relations are fixed. Over a store's facts the option units' mask is selected by
--- numpy instead up to conformal.NUMPY_MASK_MAX_UNITS units (split_mask.py: the same words, bit for bit).
+-- numpy instead, a run of strata of up to conformal.NUMPY_MASK_CHUNK_UNITS units at a time (split_mask.py:
+-- the same words, bit for bit).
 --
 -- Split (the definition): within each group (gid) and stratum (sid) the units are ordered by
 -- (h, ukey, run_id), h = the split hash of the unit key in that repeat (SplitMix64 output rep + 1
