@@ -72,13 +72,29 @@ def brute_force_words(sizes, key_pos, key_rank, run_rank, kb, repeats, num, den)
     [(40, 3, 4, 7, (3, 10)), (6, 5, 3, 70, (1, 3)), (25, 1, 9, 20, (9, 10)), (12, 4, 12, 5, (1, 100))],
     ids=["default-like", "heavy-ties-two-words", "one-run", "tiny-fraction"],
 )
-def test_calibration_words_equal_a_full_sort(n_keys, n_runs, n_strata, repeats, cal) -> None:
+@pytest.mark.parametrize(
+    "window", [None, (0.0, 0), (0.0, 1), (50.0, 1000)], ids=["as-set", "none", "one-unit", "everything"]
+)
+@pytest.mark.parametrize("tie_order", [False, True], ids=["shuffled", "tie-ordered"])
+def test_calibration_words_equal_a_full_sort(
+    n_keys, n_runs, n_strata, repeats, cal, window, tie_order, monkeypatch
+) -> None:
     """Units are (key, run) pairs, so every key's runs tie on the hash and the tie-break decides; strata
-    of one or two units get n_cal 0 or 1 (with 1/100, none)."""
+    of one or two units get n_cal 0 or 1 (with 1/100, none). The guessed windows as set, of no
+    width (the guess misses nearly always: np.partition selects), one unit wide, and wide enough
+    to hold every unit (the window's sort selects every stratum): the same words. The units of a
+    stratum in no particular order, or in tie-break order, as conformal.py hands them over (the
+    window's sort by hash alone then keeps tied units in order)."""
+    if window is not None:
+        monkeypatch.setattr(split_mask, "WINDOW_SD", window[0])
+        monkeypatch.setattr(split_mask, "WINDOW_PAD", window[1])
     rng = np.random.default_rng(n_keys * 100 + n_runs)
     pairs = [(k, r) for k in range(n_keys) for r in range(n_runs) if rng.random() < 0.8]
     rng.shuffle(pairs)  # within a stratum, in no particular order
     sizes = np.bincount(rng.integers(0, n_strata, len(pairs)), minlength=n_strata)
+    if tie_order:
+        ends = np.cumsum(sizes)
+        pairs = [p for a, b in zip(ends - sizes, ends, strict=True) for p in sorted(pairs[a:b])]
     key = np.array([p[0] for p in pairs])
     run = np.array([p[1] for p in pairs])
     kb = rng.integers(0, 1 << 64, n_keys, dtype=np.uint64)  # by key

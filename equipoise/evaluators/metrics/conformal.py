@@ -1107,9 +1107,11 @@ def _mask_chunk(
     their unit counts in order) with their mask words, selected by ``split_mask.calibration_words``
     from the md5 bases ``kb`` of the items (``lookup``: item code -> index in ``kb``)."""
     # the units stratum by stratum, in integer columns as narrow as their values (this memory is
-    # outside DuckDB's cap): item code, run rank, rowid
+    # outside DuckDB's cap): item code, run rank, rowid; within a stratum in tie-break order (item
+    # code, run rank), so that calibration_words orders the units of a window by their hash alone
     units = columns.fetch(
-        con, f"SELECT ukey, rk::INTEGER AS rk, sc_row FROM {staged} WHERE {where} ORDER BY gid, sid"
+        con,
+        f"SELECT ukey, rk::INTEGER AS rk, sc_row FROM {staged} WHERE {where} ORDER BY gid, sid, ukey, rk",
     )
     ukey = units["ukey"]
     key_pos = lookup[ukey]

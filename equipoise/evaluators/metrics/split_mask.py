@@ -27,6 +27,8 @@ at the defaults), each step a vectorized numpy operation over a stratum's units.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 _GAMMA = 0x9E3779B97F4A7C15
@@ -49,6 +51,14 @@ def n_cal(n: int, cal_num: int, cal_den: int) -> int:
     return (2 * cal_num * n + cal_den) // (2 * cal_den)
 
 
+# the guessed window of hash values around a stratum's cutoff (``calibration_words``): this many
+# binomial sd of the n_cal-th smallest hash's position, and this many units more, on each side. Only
+# speed depends on them: a repeat whose cutoff falls outside a stratum's window selects that
+# stratum by ``np.partition`` instead (at 3.5 sd about 1 in 2,000 (stratum, repeat) steps)
+WINDOW_SD = 3.5
+WINDOW_PAD = 8
+
+
 def calibration_words(
     sizes: np.ndarray,
     key_pos: np.ndarray,
@@ -66,32 +76,126 @@ def calibration_words(
     counts in that order. Per unit: ``key_pos`` (the index of its unit key in ``kb``, the keys' md5
     bases), ``key_rank`` (the unit key's rank in string order) and ``run_rank`` (its run_id's rank
     in string order): the tie-break (unit key, run_id) of equal hashes, which happen whenever runs
-    of one stratum share an item.
+    of one stratum share an item. Any order of the units within a stratum gives the same words;
+    in tie-break order (conformal.py fetches them so) the window's sort needs one key, the hash.
+
+    How, per repeat, for every stratum at once: the hashes are uniform on [0, 2**64), so a
+    stratum's n_cal-th smallest lies near n_cal / N * 2**64. Each stratum gets a window [lo, hi]
+    of hash values around that point (``WINDOW_SD``, ``WINDOW_PAD``; fixed for all repeats). Its
+    units below lo are calibration, those above hi are test, and the first need = n_cal - (units
+    below lo) of the units inside the window, in (hash, unit key, run_id) order, are calibration:
+    one comparison of every unit with its stratum's two bounds, a count per stratum, and a sort of
+    the few window units (a few % of each stratum). That holds wherever the window holds the cutoff
+    (units below lo <= n_cal <= units up to hi), which the counts check; a stratum where it does not
+    is selected in that repeat by ``np.partition`` (``_select``), as every stratum was before stop 38.
+    Same words either way, bit for bit (tests: a full sort of each stratum in plain Python).
 
     Memory: besides the words, a few arrays of one value per unit live at a time (the hashes of a
-    repeat, a stratum's partition, the calibration flags); the process holding it runs beside a
-    capped DuckDB (``registry.cap_pass_memory``), which does not see it.
+    repeat, each unit's window bounds and stratum, comparison flags); the process holding it runs
+    beside a capped DuckDB (``registry.cap_pass_memory``), which does not see it.
     """
+    sizes = np.asarray(sizes, dtype=np.int64)
     n_units = int(np.sum(sizes))
     words = np.zeros(((repeats + 63) // 64, n_units), dtype=np.uint64)
-    ends = np.cumsum(np.asarray(sizes, dtype=np.int64))
-    starts = ends - np.asarray(sizes, dtype=np.int64)
-    cuts = [n_cal(int(b - a), cal_num, cal_den) for a, b in zip(starts, ends, strict=True)]
-    cal = np.empty(n_units, dtype=bool)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    cuts = np.array([n_cal(int(n), cal_num, cal_den) for n in sizes.tolist()], dtype=np.int64)
+    live = np.flatnonzero((sizes > 0) & (cuts > 0))  # strata with calibration units
+    if n_units == 0 or len(live) == 0:
+        return words
+    stratum = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)  # each unit's stratum
+    lo, hi = _windows(sizes[live], cuts[live])
+    in_live = np.zeros(len(sizes), dtype=bool)
+    in_live[live] = True
+    unit_live = in_live[stratum]
+    lo_u = np.zeros(len(sizes), dtype=np.uint64)
+    hi_u = np.zeros(len(sizes), dtype=np.uint64)
+    lo_u[live], hi_u[live] = lo, hi
+    lo_u, hi_u = lo_u[stratum], hi_u[stratum]  # per unit: its stratum's window (0, 0: none)
+    live_starts, live_cuts = starts[live], cuts[live]
+    need = np.zeros(len(sizes), dtype=np.int64)
+    cal = np.empty(n_units, dtype=bool)  # this repeat's calibration flags
+    upto = np.empty(n_units, dtype=bool)
+    byte = np.zeros(n_units, dtype=np.uint8)  # 8 repeats' flags, bit r % 8 = repeat r
+    shifted = np.empty(n_units, dtype=np.uint8)
     for r in range(repeats):
         h = split_hashes(kb, r)[key_pos]  # the units' hashes
-        bit = np.uint64(1 << (r % 64))
-        for a, b, k in zip(starts, ends, cuts, strict=True):
-            if k == 0:  # no calibration unit in this stratum
-                continue
-            hs, flags = h[a:b], cal[a:b]
-            kth = np.partition(hs, k - 1)[k - 1]  # the k-th smallest hash: the cutoff's hash
-            np.less(hs, kth, out=flags)
-            tied = np.flatnonzero(hs == kth)
-            need = k - int(np.count_nonzero(flags))
-            if need < len(tied):  # the cutoff's ties ordered by (unit key, run_id): the first `need`
-                rows = a + tied
-                tied = tied[np.lexsort((run_rank[rows], key_rank[rows]))[:need]]
-            flags[tied] = True
-            np.bitwise_or(words[r // 64, a:b], bit, out=words[r // 64, a:b], where=flags)
+        np.less(h, lo_u, out=cal)
+        np.less_equal(h, hi_u, out=upto)
+        cal &= unit_live
+        upto &= unit_live
+        n_below = np.add.reduceat(cal, live_starts, dtype=np.int64)
+        n_upto = np.add.reduceat(upto, live_starts, dtype=np.int64)
+        # reduceat sums to the next live start; strata between live ones have no flag set, so
+        # these are each live stratum's own counts
+        held = (n_below <= live_cuts) & (live_cuts <= n_upto)
+        upto &= ~cal  # the window's units
+        if not held.all():  # the guess missed: that stratum is selected in full, not by its window
+            for i in np.flatnonzero(~held).tolist():
+                a, b = int(starts[live[i]]), int(ends[live[i]])
+                upto[a:b] = False
+                _select(h, a, b, int(live_cuts[i]), key_rank, run_rank, cal)
+        win = np.flatnonzero(upto)
+        if len(win):
+            hw = h[win]
+            order = np.argsort(hw, kind="stable")
+            order = order[np.argsort(stratum[win[order]], kind="stable")]  # by stratum, hash
+            win, hw = win[order], hw[order]
+            tie = np.flatnonzero((hw[1:] == hw[:-1]) & (stratum[win[1:]] == stratum[win[:-1]]))
+            if len(tie) and not _tie_ordered(win[tie], win[tie + 1], key_rank, run_rank):
+                # units of one stratum on the same hash (runs sharing an item) that came in another
+                # order than (unit key, run_id): the full sort
+                win = win[np.lexsort((run_rank[win], key_rank[win], hw, stratum[win]))]
+            st = stratum[win]
+            first = np.r_[0, np.flatnonzero(st[1:] != st[:-1]) + 1]
+            rank = np.arange(len(win)) - np.repeat(first, np.diff(np.r_[first, len(win)]))
+            need[live] = live_cuts - n_below
+            cal[win[rank < need[st]]] = True
+        np.left_shift(cal.view(np.uint8), r % 8, out=shifted)
+        byte |= shifted
+        if r % 8 == 7 or r == repeats - 1:  # a byte of the word complete: OR it in at its place
+            words[r // 64] |= byte.astype(np.uint64) << np.uint64(r // 8 * 8 % 64)
+            byte[:] = 0
     return words
+
+
+def _tie_ordered(a: np.ndarray, b: np.ndarray, key_rank: np.ndarray, run_rank: np.ndarray) -> bool:
+    """Whether every unit of ``a`` comes before the unit of ``b`` beside it in (unit key, run_id)
+    order: then the stable sort by hash left the units tied on a hash in tie-break order."""
+    ka, kb_ = key_rank[a], key_rank[b]
+    return bool(np.all((ka < kb_) | ((ka == kb_) & (run_rank[a] <= run_rank[b]))))
+
+
+def _windows(sizes: np.ndarray, cuts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per stratum (``sizes`` units, ``cuts`` calibration units, both > 0): the bounds lo, hi
+    (uint64) of the window of hash values expected to hold its cutoff, WINDOW_SD binomial sd and
+    WINDOW_PAD units either side of cut / size * 2**64 (clipped to [0, 2**64 - 1])."""
+    lo, hi = [], []
+    for n, k in zip(sizes.tolist(), cuts.tolist(), strict=True):
+        w = WINDOW_SD * math.sqrt(k * (n - k) / n) + WINDOW_PAD
+        lo.append(min(_M64, max(0, math.floor((k - w) / n * 2.0**64))))
+        hi.append(min(_M64, math.ceil((k + w) / n * 2.0**64)))
+    return np.array(lo, dtype=np.uint64), np.array(hi, dtype=np.uint64)
+
+
+def _select(
+    h: np.ndarray,
+    a: int,
+    b: int,
+    k: int,
+    key_rank: np.ndarray,
+    run_rank: np.ndarray,
+    cal: np.ndarray,
+) -> None:
+    """Set ``cal`` for units a..b-1 to whether they are among the first ``k`` in (hash, unit key,
+    run_id) order: the k-th smallest hash by ``np.partition``, the units below it, and of those
+    tied with it the first in (unit key, run_id) order."""
+    hs, flags = h[a:b], cal[a:b]
+    kth = np.partition(hs, k - 1)[k - 1]  # the k-th smallest hash: the cutoff's hash
+    np.less(hs, kth, out=flags)
+    tied = np.flatnonzero(hs == kth)
+    need = k - int(np.count_nonzero(flags))
+    if need < len(tied):  # the cutoff's ties ordered by (unit key, run_id): the first `need`
+        rows = a + tied
+        tied = tied[np.lexsort((run_rank[rows], key_rank[rows]))[:need]]
+    flags[tied] = True
