@@ -109,7 +109,7 @@ def test_conformal_repeats_reach_both_paths(tmp_path: Path, monkeypatch: pytest.
 
     bench = _bench_module()
     monkeypatch.syspath_prepend(str(BENCH))
-    import metrics_reference as ref
+    ref = importlib.import_module("metrics_reference")  # benchmarks/metrics_reference.py, as the bench does
 
     monkeypatch.setattr(ref, "REPEATS", ref.REPEATS)  # child_reference sets it; restored after
     store = tmp_path / "store.duckdb"
