@@ -105,6 +105,42 @@ def test_calibration_words_equal_a_full_sort(
     np.testing.assert_array_equal(split_mask.calibration_words(*args), brute_force_words(*args))
 
 
+@pytest.mark.parametrize(
+    ("sizes", "repeats", "cal"),
+    [
+        ([5, 1, 0, 7, 1, 30, 2], 9, (3, 10)),  # empty and n_cal-0 strata between live ones
+        ([300, 0, 2, 280, 1, 150], 12, (3, 10)),  # strata much wider than their windows
+        ([400, 3, 1, 250], 66, (1, 2)),  # two words, the second one's only byte partly used
+    ],
+    ids=["empty-and-dead-strata", "wide-strata", "two-words-wide"],
+)
+@pytest.mark.parametrize("tie_order", [False, True], ids=["shuffled", "tie-ordered"])
+def test_calibration_words_equal_a_full_sort_on_fixed_strata(sizes, repeats, cal, tie_order) -> None:
+    """Fixed strata sizes, so that what the random shapes above may miss is there every time:
+    strata with no unit or no calibration unit beside live ones (their flags must not reach the
+    live strata's counts), and strata of hundreds of units, where the windows as set hold a few %
+    of a stratum and most units are decided by the window's bounds alone."""
+    rng = np.random.default_rng(sum(sizes) + repeats)
+    n_keys, n_runs = 200, 3
+    strata = []
+    for size in sizes:  # each stratum: distinct (key, run) pairs, runs of one key tie on the hash
+        picks = rng.choice(n_keys * n_runs, size, replace=False)
+        pairs = [(int(p) // n_runs, int(p) % n_runs) for p in picks]
+        strata.append(sorted(pairs) if tie_order else pairs)
+    pairs = [p for stratum in strata for p in stratum]
+    key = np.array([p[0] for p in pairs], dtype=np.int64)
+    run = np.array([p[1] for p in pairs], dtype=np.int64)
+    kb = rng.integers(0, 1 << 64, n_keys, dtype=np.uint64)
+    args = (np.array(sizes), key, key * 2 + 5, run, kb, repeats, *cal)
+    got = split_mask.calibration_words(*args)
+    np.testing.assert_array_equal(got, brute_force_words(*args))
+    ends = np.cumsum(sizes)
+    for a, b, size in zip(ends - np.array(sizes), ends, sizes, strict=True):  # n_cal units every repeat
+        for r in range(repeats):
+            on = (got[r // 64, a:b] >> np.uint64(r % 64)) & np.uint64(1)
+            assert int(on.sum()) == split_mask.n_cal(size, *cal)
+
+
 def test_no_units_give_no_words() -> None:
     none = np.array([], dtype=np.int64)
     got = split_mask.calibration_words(none, none, none, none, np.array([], np.uint64), 70, 3, 10)

@@ -165,18 +165,22 @@ SLICE_BITS = 8
 NUMPY_MASK = True
 # ... a run of whole strata of at most this many units (predictions of the sample with option
 # scores) at a time (a larger stratum is a run of its own). Its arrays live outside DuckDB's memory
-# limit, about 50 bytes per unit, and the pass's cap sets aside only 48 MiB plus 3% of its limit for
-# all such memory (``registry.PASS_OUTSIDE_*``). Measured at stop 33 (benchmarks/RESULTS.md): 26 MiB
-# at 475k units, where the 1M-prediction passes peaked 365-377 MiB under a 415 MiB file, and 239 MiB
-# at 4.75M units in one piece, more than the 155 MiB set aside there; so until stop 38 the SQL form
-# ran above 750k units. In runs of 750k the arrays stay near the size measured to fit at any store
-# size, and the SQL form, whose time grows faster than the repeats (its units carry one hash column
-# per repeat: at 4.75M units 4.8 s of one thread for 20 repeats, 51.9 s for 100), is left to the
-# views and the sampling pools
-NUMPY_MASK_CHUNK_UNITS = 750_000
-# ... and for at most this many (stratum, repeat) steps: numpy selects each stratum's cutoff in one
-# step of a Python loop over strata and repeats (~10 us each at 1M predictions: 0.23 s for 33 strata
-# x 20 repeats, 0.41 s for 1,000 x 20), where the SQL handles every stratum in one set-based pass
+# limit, and the pass's cap sets aside only 48 MiB plus 3% of its limit for all such memory
+# (``registry.PASS_OUTSIDE_*``). Measured at stop 33 (benchmarks/RESULTS.md): 26 MiB at 475k units,
+# where the 1M-prediction passes peaked 365-377 MiB under a 415 MiB file, and 239 MiB at 4.75M
+# units in one piece, more than the 155 MiB set aside there; so until stop 38 the SQL form ran above
+# 750k units. Stop 38's window selection allocates about 25 bytes a unit more than the partition did
+# (53-61 against 28-36 bytes a unit inside calibration_words at 20-100 repeats, tracemalloc, plus 20
+# for the fetched keys and rowids; benchmarks/RESULTS.md), so a run holds at most 500k units: about
+# the 37 MB that 750k units took before, at any store size. The SQL form, whose time grows faster
+# than the repeats (its units carry one hash column per repeat: at 4.75M units 4.8 s of one thread
+# for 20 repeats, 51.9 s for 100), is left to the views and the sampling pools
+NUMPY_MASK_CHUNK_UNITS = 500_000
+# ... and for at most this many (stratum, repeat) steps. Measured on stop 33's loop, one Python step
+# per stratum and repeat (~10 us each at 1M predictions: 0.23 s for 33 strata x 20 repeats, 0.41 s
+# for 1,000 x 20), where the SQL handles every stratum in one set-based pass. Stop 38's windows
+# handle all strata of a repeat in one vectorized step, but a stratum whose window misses still
+# takes a Python step; the limit has not been measured again and stays
 NUMPY_MASK_MAX_STEPS = 20_000
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
@@ -1059,10 +1063,10 @@ def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) 
             _mask_chunk(con, table, staged, where, sizes[first : last + 1], keys["kb"], lookup, values, names)
     except BaseException:
         # never leave part of the table: a later metric of the pass would take it for the whole
-        con.execute(f"DROP TABLE IF EXISTS {table}")
+        con.execute(f"DROP TABLE IF EXISTS temp.{table}")
         raise
     finally:
-        con.execute(f"DROP TABLE IF EXISTS {staged}")
+        con.execute(f"DROP TABLE IF EXISTS temp.{staged}")
     return True
 
 

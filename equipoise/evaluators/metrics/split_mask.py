@@ -21,8 +21,9 @@ fall in many strata (``conformal.NUMPY_MASK_MAX_STEPS``). Many units are handed 
 of whole strata at a time (``conformal.NUMPY_MASK_CHUNK_UNITS``: these arrays are outside DuckDB's
 memory cap).
 
-Nothing here loops over units in Python: the loops are over repeats and strata (20 x a few dozen
-at the defaults), each step a vectorized numpy operation over a stratum's units.
+Nothing here loops over units in Python: the loop is over repeats, each step a few vectorized
+numpy operations over all the units handed over (every stratum at once), plus a step per stratum
+only where a stratum's guessed window missed its cutoff (``calibration_words``).
 """
 
 from __future__ import annotations
