@@ -55,7 +55,8 @@ def n_cal(n: int, cal_num: int, cal_den: int) -> int:
 # the guessed window of hash values around a stratum's cutoff (``calibration_words``): this many
 # binomial sd of the n_cal-th smallest hash's position, and this many units more, on each side. Only
 # speed depends on them: a repeat whose cutoff falls outside a stratum's window selects that
-# stratum by ``np.partition`` instead (at 3.5 sd about 1 in 2,000 (stratum, repeat) steps)
+# stratum by ``np.partition`` instead (at 3.5 sd, by the normal approximation of the binomial,
+# fewer than 1 in 2,000 (stratum, repeat) steps; not counted)
 WINDOW_SD = 3.5
 WINDOW_PAD = 8
 
