@@ -691,6 +691,11 @@ def _words(repeats: int) -> int:
     return (repeats + 63) // 64
 
 
+def _null_words(repeats: int) -> str:
+    """SQL select list: the mask words m0, m1, ... of a unit without option scores (all NULL)."""
+    return ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(repeats)))
+
+
 def _mask_sql(repeats: int) -> dict[str, str]:
     """Template values of ``conf_mask.sql``, one expression per repeat r, side by side: the hash
     columns h_r, the counts of keys below a stratum's guessed hash window [lo, hi) and its sorted keys
@@ -1052,10 +1057,9 @@ def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) 
         lookup = np.full(int(keys["ukey"].max()) + 1 if len(keys["ukey"]) else 1, -1, dtype=np.int32)
         lookup[keys["ukey"]] = np.arange(len(keys["ukey"]), dtype=np.int32)
         names = ", ".join(f"m{w}" for w in range(_words(values["repeats"])))
-        nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
         con.execute(
-            f"CREATE TEMP TABLE {table} AS SELECT gid, sid, sc_row, {_TARGETS}, {nulls} "
-            f"FROM {staged} WHERE NOT has_probs"
+            f"CREATE TEMP TABLE {table} AS SELECT gid, sid, sc_row, {_TARGETS}, "
+            f"{_null_words(values['repeats'])} FROM {staged} WHERE NOT has_probs"
         )
         chunks = _mask_chunks(sizes)
         for first, last in chunks:
@@ -1150,7 +1154,6 @@ def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     keys of item_id, or of its integer code over the facts (``_split_keys_source``: computed there
     if this connection lacks them)."""
     identity = _mask_identity_sql(con, values)
-    nulls = ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(values["repeats"])))
     # units keyed by item_id or its integer code; the table keeps the rowids, not the strings
     # run_id and item_id (see ``_option_mask_table``)
     coded = _coded(con)
@@ -1159,7 +1162,7 @@ def _option_mask_query(con: duckdb.DuckDBPyConnection, values: dict) -> str:
     mask = _inline_mask(con, "lac", values, {}, f"gid, sid, run_id, ukey, {rows}", key_col)
     return (
         f"WITH {identity},\n{mask}SELECT * FROM unit_mask\n"
-        f"UNION ALL SELECT gid, sid, {rows}, {nulls} FROM base WHERE NOT has_probs"
+        f"UNION ALL SELECT gid, sid, {rows}, {_null_words(values['repeats'])} FROM base WHERE NOT has_probs"
     )
 
 
