@@ -87,6 +87,12 @@ def file_stat(store: Path) -> list[int]:
     return out
 
 
+def _unchanged(store: Path, opened: list[int]) -> bool:
+    """Whether ``store`` is still the file whose :func:`file_stat` was ``opened`` (and a file, not a
+    folder of Parquet parts): the condition for reading or writing the memo."""
+    return file_stat(store) == opened and store.is_file()
+
+
 def _settled(stat: list[int], taken_ns: int) -> bool:
     """Whether every write after ``taken_ns`` (the wall clock just after ``stat`` was taken) must
     change ``stat``: the files' last change is older than the timestamp granularity allows a later
@@ -109,14 +115,13 @@ def memoised_sums(store: Path, opened: list[int]) -> dict[str, str] | None:
     before the caller opened its connection, which must be read-only (so that no other process
     writes the file while it is open, and none wrote it since ``opened``, which this checks). For
     a reader that only wants to skip the scan (``equipoise report``)."""
-    stat = file_stat(store)
-    if stat != opened or not store.is_file():
+    if not _unchanged(store, opened):
         return None
     # a memo of another layout (older code: no "sums") or damaged is a miss, never an error
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError, KeyError):
         saved = json.loads((cache_dir(store) / "stat.json").read_text(encoding="utf-8"))
         sums = saved.pop("sums")
-        ok = saved == _memo_header(stat) and set(sums) == set(facts.SOURCE_TABLES)
+        ok = saved == _memo_header(opened) and set(sums) == set(facts.SOURCE_TABLES)
         if ok and all(isinstance(v, str) for v in sums.values()):
             return dict(sums)
     return None
@@ -137,7 +142,7 @@ def source_sums(con: duckdb.DuckDBPyConnection, store: Path, opened: list[int] |
         return sums
     taken = time.time_ns()
     sums = facts.source_sums(con)
-    if opened == file_stat(store) and store.is_file() and _settled(opened, taken):
+    if _unchanged(store, opened) and _settled(opened, taken):
         memo = json.dumps({**_memo_header(opened), "sums": sums})
         _atomic_write(cache_dir(store) / "stat.json", memo.encode())
     return sums
