@@ -116,7 +116,7 @@ from fractions import Fraction
 import duckdb
 import numpy as np
 
-from equipoise.evaluators.metrics import columns, split_mask
+from equipoise.evaluators.metrics import columns, split_mask, split_thresholds
 from equipoise.evaluators.metrics.registry import (
     ITEM_CODE,
     POOL_FACT_COLUMNS,
@@ -182,6 +182,12 @@ NUMPY_MASK_CHUNK_UNITS = 500_000
 # handle all strata of a repeat in one vectorized step, but a stratum whose window misses still
 # takes a Python step; the limit has not been measured again and stays
 NUMPY_MASK_MAX_STEPS = 20_000
+# over the store's facts, pick the LAC / plain APS thresholds of every repeat with numpy
+# (``split_thresholds``) instead of ``thr_own`` of ``conf_split.sql``: the same q_hat, bit for bit.
+# At 100 repeats over the 1M benchmark store the SQL took 0.42-0.53 s of one thread and held
+# 66-124 MiB outside DuckDB's cap (benchmarks/RESULTS.md, stop 39); the tests switch it off to
+# compare the two. Run over groups in runs of at most NUMPY_MASK_CHUNK_UNITS units, like the mask
+NUMPY_THRESHOLDS = True
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
 # unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
@@ -1318,7 +1324,74 @@ def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
     unit set and the split), the score and alpha; the SQL is fixed for the process (the table is
     TEMP)."""
     table = "_conf_thr_" + _threshold_key(mask, score, values)
+    if NUMPY_THRESHOLDS and _coded(con) and table not in temp_tables(con):
+        _numpy_threshold_table(con, table, mask, score, values)
+        return table
     return cached_table(con, table, lambda: _threshold_query(con, mask, score, values))
+
+
+def _numpy_threshold_table(
+    con: duckdb.DuckDBPyConnection, table: str, mask: str, score: str, values: dict
+) -> None:
+    """Create ``_threshold_table``'s table ``table`` over the store's facts (``_coded``: the mask
+    table ``mask`` holds each unit's target score) with q_hat picked by numpy
+    (``split_thresholds.thresholds``): the rows and types of ``thr_own`` (gid, rep, n_cal,
+    k_order, q_hat), the same values bit for bit.
+
+    SQL counts the units per group and stratum (n_cal: round half up of the calibration share of
+    each stratum, summed over the group's strata, as ``conf_split.sql``'s ``strata`` and
+    ``group_n``), and hands numpy the units run of groups by run of groups (at most
+    ``NUMPY_MASK_CHUNK_UNITS`` units a run, a larger group alone): group, target score and mask
+    words, nothing per repeat."""
+    repeats, num, den = values["repeats"], values["alpha_num"], values["alpha_den"]
+    strata = columns.fetch(
+        con, f"SELECT gid, count(*) AS n FROM {mask} WHERE m0 IS NOT NULL GROUP BY gid, sid ORDER BY gid, sid"
+    )
+    gids = np.unique(strata["gid"])
+    n_units = np.zeros(len(gids), dtype=np.int64)
+    n_cal = np.zeros(len(gids), dtype=np.int64)
+    at = np.searchsorted(gids, strata["gid"])
+    np.add.at(n_units, at, strata["n"])
+    cal = values["cal_num"], values["cal_den"]
+    np.add.at(n_cal, at, [split_mask.n_cal(int(n), *cal) for n in strata["n"]])
+    # k = ceil((n_cal + 1)(1 - alpha)) in Python's integers, as the SQL's HUGEINT arithmetic
+    k_order = np.array([((int(n) + 1) * (den - num) + den - 1) // den for n in n_cal], dtype=np.int64)
+    q = np.zeros((len(gids), repeats))
+    defined = np.zeros((len(gids), repeats), dtype=bool)
+    names = ", ".join(f"m{w}" for w in range(_words(repeats)))
+    for first, last in _mask_chunks(n_units):
+        units = columns.fetch(
+            con,
+            f"SELECT gid, {score}_target IS NOT NULL AS scored, coalesce({score}_target, 0) AS st, {names} "
+            f"FROM {mask} WHERE m0 IS NOT NULL AND gid BETWEEN {int(gids[first])} AND {int(gids[last])}",
+        )
+        words = np.stack([units[f"m{w}"] for w in range(_words(repeats))])
+        part = slice(first, last + 1)
+        q[part], defined[part] = split_thresholds.thresholds(
+            np.searchsorted(gids[part], units["gid"]),
+            units["scored"],
+            units["st"],
+            words,
+            n_cal[part],
+            k_order[part],
+            repeats,
+        )
+        del units, words
+    cols = {
+        "gid": np.repeat(gids, repeats),
+        "rep": np.tile(np.arange(repeats, dtype=np.int64), len(gids)),
+        "n_cal": np.repeat(n_cal, repeats),
+        "k_order": np.repeat(k_order, repeats),
+        "q": np.where(defined, q, np.nan).ravel(),  # NaN: NULL (columns' convention) ...
+        "q_nan": (defined & np.isnan(q)).ravel(),  # ... and a NaN q_hat said apart
+    }
+    gid_type = con.execute(f"DESCRIBE SELECT gid FROM {mask}").fetchone()[1]  # as the SQL's gid
+    with columns.registered(con, cols) as reg:
+        con.execute(
+            f"CREATE TEMP TABLE {table} AS SELECT gid::{gid_type} AS gid, rep::BIGINT AS rep, "
+            "n_cal::BIGINT AS n_cal, k_order::BIGINT AS k_order, "
+            f"CASE WHEN q_nan THEN 'nan'::DOUBLE ELSE q END AS q_hat FROM {reg}"
+        )
 
 
 def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict) -> str:
