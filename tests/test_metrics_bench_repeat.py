@@ -126,3 +126,14 @@ def test_conformal_repeats_reach_both_paths(tmp_path: Path, monkeypatch: pytest.
             assert len(got) > 0 and set(got["repeats"]) == {3}, (path, name)
     compared = bench._compare_all(tmp_path / "duckdb", tmp_path / "reference", names)
     assert [compared[n]["mismatches"] for n in names.split(",")] == [0, 0]
+
+
+def test_the_reference_splits_as_often_as_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --conformal-repeats both paths run the package's default number of splits: the
+    reference's REPEATS is that default, 100, the count issue 13 names (a change of one without the
+    other would time different work, and every conformal metric would mismatch)."""
+    from equipoise.evaluators.metrics.conformal import COMMON_PARAMS
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    ref = importlib.import_module("metrics_reference")
+    assert ref.REPEATS == COMMON_PARAMS["repeats"] == 100
