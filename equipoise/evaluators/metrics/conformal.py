@@ -184,8 +184,8 @@ NUMPY_MASK_CHUNK_UNITS = 500_000
 NUMPY_MASK_MAX_STEPS = 20_000
 # over the store's facts, pick the LAC / plain APS thresholds of every repeat with numpy
 # (``split_thresholds``) instead of ``thr_own`` of ``conf_split.sql``: the same q_hat, bit for bit.
-# At 100 repeats over the 1M benchmark store the SQL took 0.42-0.53 s of one thread and held
-# 66-124 MiB outside DuckDB's cap (benchmarks/RESULTS.md, stop 39); the tests switch it off to
+# At 100 repeats over the 1M benchmark store the SQL took 0.40-0.59 s of one thread and held
+# 65-124 MiB outside DuckDB's buffer pool (benchmarks/RESULTS.md, stop 39); the tests switch it off to
 # compare the two. Run over groups in runs of at most NUMPY_MASK_CHUNK_UNITS units, like the mask
 NUMPY_THRESHOLDS = True
 

@@ -10,8 +10,8 @@ compares them, and this module with a plain sort per group and repeat).
 Why a second implementation. The SQL lists a band of each group's largest target scores once,
 sorted, and then filters that list by every repeat's bit: one list expression per repeat, evaluated
 side by side. At 100 repeats over the 1M-prediction benchmark store (475k units) that query took
-0.42-0.53 s of one thread and raised the process's RSS by 66-124 MiB above DuckDB's pass cap
-(lists built outside its buffer pool): the reason a pass at 100 splits peaked above the store
+0.40-0.59 s of one thread and raised the process's RSS by 65-124 MiB (lists built outside DuckDB's
+buffer pool, which the pass's cap bounds): the reason a pass at 100 splits peaked above the store
 file's size (benchmarks/RESULTS.md, stop 39). Here a group's band is a partial sort of its scores
 (``np.argpartition``), and each repeat's q_hat is the score of its (n - k + 1)-th calibration unit
 in that band, largest first.
