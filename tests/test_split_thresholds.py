@@ -16,7 +16,7 @@ from equipoise.evaluators.metrics.registry import REGISTRY, compute, metric_name
 from equipoise.evaluators.synthetic import SyntheticSpec, make_store
 from tests.conftest import with_facts
 
-SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, 1.0, -2.5, 1e-300, -1e-300]
+SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -2.5, 1e-300, -1e-300]
 
 
 def test_order_key_sorts_as_duckdb_sorts_doubles() -> None:
@@ -106,17 +106,51 @@ def random_case(seed: int, n_groups: int, repeats: int, share: float, ties: bool
 def test_thresholds_equal_a_plain_sort(
     seed, n_groups, repeats, share, ties, unscored, band, monkeypatch
 ) -> None:
-    """The band as set, of no width (most repeats fall short and select from the whole group), and
-    holding every unit: the same thresholds, NULL (not defined) exactly where k > n."""
+    """The band as set, without its margin (the expected size only: some repeats fall short and
+    select from the whole group), and holding every unit: the same thresholds, NULL (not defined)
+    exactly where k > n."""
     if band is not None:
         monkeypatch.setattr(split_thresholds, "BAND_SD", band[0])
         monkeypatch.setattr(split_thresholds, "BAND_PAD", band[1])
+    real, fell_back = split_thresholds._select_all, []
+
+    def spy(*a):
+        fell_back.append(a[-2])
+        return real(*a)
+
+    monkeypatch.setattr(split_thresholds, "_select_all", spy)
     args = random_case(seed, n_groups, repeats, share, ties, unscored)
     q, defined = split_thresholds.thresholds(*args, repeats)
+    if band == (50.0, 1000):  # every unit in the band: no repeat falls short
+        assert not fell_back
     want_q, want_defined = brute_force(*args, repeats)
     np.testing.assert_array_equal(defined, want_defined)
     assert defined.any() and not defined.all()
     np.testing.assert_array_equal(q[defined], want_q[defined])  # NaN equals NaN here
+
+
+def test_a_repeat_whose_band_falls_short_selects_from_the_whole_group(monkeypatch) -> None:
+    """One group of 100 units scored 0 .. 99; in repeat 0 the 30 calibration units are the 30 lowest
+    scores, so the band of the largest scores holds none of them and that repeat selects from all;
+    in repeat 1 they are the 30 highest (the band holds them). Both give the plain sort's pick."""
+    real, fell_back = split_thresholds._select_all, []
+
+    def spy(*a):
+        fell_back.append(a[-2])
+        return real(*a)
+
+    monkeypatch.setattr(split_thresholds, "_select_all", spy)
+    n = 100
+    score = np.arange(n, dtype=float)
+    words = np.zeros((1, n), dtype=np.uint64)
+    words[0, :30] |= np.uint64(1)  # repeat 0: the lowest scores calibrate
+    words[0, 70:] |= np.uint64(2)  # repeat 1: the highest
+    args = (np.zeros(n, dtype=np.int64), np.ones(n, dtype=bool), score, words, np.array([30]), np.array([28]))
+    q, defined = split_thresholds.thresholds(*args, 2)
+    assert fell_back == [0] and defined.all()
+    want_q, _ = brute_force(*args, 2)
+    np.testing.assert_array_equal(q, want_q)
+    assert q.tolist() == [[27.0, 97.0]]  # the 3rd largest of 0..29 and of 70..99
 
 
 def test_no_units_give_no_thresholds() -> None:
@@ -140,7 +174,9 @@ def test_no_units_give_no_thresholds() -> None:
 @pytest.fixture(scope="module")
 def facts_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Facts of a store where a second run of one (model, config) repeats the first run's items with
-    other option scores (tied split hashes, repeated scores across runs)."""
+    other option scores (tied split hashes, repeated scores across runs), and a third has NaN option
+    scores on about a quarter of its items, so that some target scores are NaN, which DuckDB sorts
+    above every number."""
     path = tmp_path_factory.mktemp("split_thresholds") / "s.duckdb"
     make_store(path, SyntheticSpec(n_items=80, samples=2, seed=13))
     con = duckdb.connect(str(path))
@@ -149,6 +185,12 @@ def facts_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"""INSERT INTO runs SELECT * REPLACE ('{run}-rerun' AS run_id) FROM runs WHERE run_id = '{run}';
             INSERT INTO predictions SELECT * REPLACE ('{run}-rerun' AS run_id,
                 list_transform(score_logprobs, lambda x: round(x, 1)) AS score_logprobs)
+            FROM predictions WHERE run_id = '{run}';
+            INSERT INTO runs SELECT * REPLACE ('{run}-nan' AS run_id) FROM runs WHERE run_id = '{run}';
+            INSERT INTO predictions SELECT * REPLACE ('{run}-nan' AS run_id,
+                list_transform(score_logprobs,
+                               lambda x: CASE WHEN hash(item_id) % 4 = 0 THEN 'nan'::DOUBLE ELSE x END)
+                    AS score_logprobs)
             FROM predictions WHERE run_id = '{run}';"""
     )
     con.close()
@@ -163,8 +205,9 @@ CASES = [
 ]
 
 
-def _tables(path: Path, by: list[str], params: dict) -> dict[str, tuple[pd.DataFrame, list]]:
-    """Per score, the thresholds table of each path (numpy and SQL) with its schema."""
+def _tables(path: Path, by: list[str], params: dict) -> dict[str, tuple]:
+    """Per score, the thresholds table of each path (numpy and SQL) with its schema, and the checks
+    made in SQL (``<score>_checks``: rows differing, [NULL, NaN] thresholds of each table)."""
     con = duckdb.connect(str(path), read_only=True)
     try:
         prepare(con, materialize=True)
@@ -180,6 +223,17 @@ def _tables(path: Path, by: list[str], params: dict) -> dict[str, tuple[pd.DataF
                     con.execute(f"SELECT * FROM {t} ORDER BY gid, rep").df(),
                     con.execute(f"DESCRIBE {t}").fetchall(),
                 )
+            # in SQL, where NULL and NaN are told apart (a frame shows both as NaN): rows that differ
+            # in any column, and per table the NULL and the NaN thresholds
+            out[f"{score}_checks"] = con.execute(
+                """SELECT (SELECT count(*) FROM _t_np a FULL JOIN _t_sql b USING (gid, rep)
+                           WHERE a.rep IS NULL OR b.rep IS NULL OR a.n_cal IS DISTINCT FROM b.n_cal
+                              OR a.k_order IS DISTINCT FROM b.k_order OR a.q_hat IS DISTINCT FROM b.q_hat),
+                          (SELECT [count(*) FILTER (q_hat IS NULL), count(*) FILTER (isnan(q_hat))]
+                           FROM _t_np),
+                          (SELECT [count(*) FILTER (q_hat IS NULL), count(*) FILTER (isnan(q_hat))]
+                           FROM _t_sql)"""
+            ).fetchone()
             con.execute("DROP TABLE _t_np; DROP TABLE _t_sql")
     finally:
         con.close()
@@ -194,19 +248,34 @@ def test_numpy_thresholds_table_equals_the_sql_one(facts_store, by, params) -> N
         (np_rows, np_schema), (sql_rows, sql_schema) = got[f"{score}_t_np"], got[f"{score}_t_sql"]
         assert np_schema == sql_schema
         assert len(np_rows) == len(sql_rows) > 0
+        differing, np_special, sql_special = got[f"{score}_checks"]
+        assert differing == 0 and np_special == sql_special
         pd.testing.assert_frame_equal(np_rows, sql_rows, check_exact=True)
 
 
 def test_numpy_thresholds_in_runs_of_groups_are_the_same(facts_store, monkeypatch) -> None:
-    """Groups handed over a run at a time (one group per run, as a store larger than
-    ``NUMPY_MASK_CHUNK_UNITS`` units is): the same table as in one piece."""
+    """Groups handed over a run at a time (runs of at most the largest group's units, as on a store
+    larger than ``NUMPY_MASK_CHUNK_UNITS``): the same table as in one piece."""
     metric_names()
     by, params = CASES[0]
     whole = _tables(facts_store, by, params)
-    monkeypatch.setattr(conformal, "NUMPY_MASK_CHUNK_UNITS", 1)
+    con = duckdb.connect(str(facts_store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        values = conformal._common(by, {**REGISTRY["conformal_lac"].params, **params})
+        mask = conformal._option_mask_table(con, values)
+        sizes = con.execute(
+            f"SELECT count(*) FROM {mask} WHERE m0 IS NOT NULL GROUP BY gid ORDER BY gid"
+        ).fetchall()
+    finally:
+        con.close()
+    largest = max(n for (n,) in sizes)
+    monkeypatch.setattr(conformal, "NUMPY_MASK_CHUNK_UNITS", largest)
+    assert len(conformal._mask_chunks(np.array([n for (n,) in sizes]))) >= 2  # a group alone, then three
     parts = _tables(facts_store, by, params)
     for score in ("lac", "aps"):
         pd.testing.assert_frame_equal(parts[f"{score}_t_np"][0], whole[f"{score}_t_np"][0], check_exact=True)
+        assert parts[f"{score}_checks"][0] == 0
 
 
 @pytest.mark.parametrize(("by", "params"), CASES[:3], ids=["default", "one-hundred", "strata"])
@@ -229,3 +298,33 @@ def test_metrics_are_the_same_with_either_thresholds(facts_store, by, params, mo
     for got, want in zip(frames[True], frames[False], strict=True):
         assert len(got) > 0
         pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def test_nan_and_null_thresholds_are_reached(facts_store) -> None:
+    """The store cases above hold both kinds of special threshold, so the equality checks them:
+    NaN (LAC by model and config: the pick falls among the NaN target scores) and NULL (alpha
+    0.01 by config: k > n)."""
+    metric_names()
+    assert _tables(facts_store, *CASES[0])["lac_checks"][1][1] > 0  # NaN thresholds
+    assert _tables(facts_store, *CASES[2])["lac_checks"][1][0] > 0  # NULL thresholds
+
+
+def test_a_group_larger_than_a_run_is_left_to_the_sql(facts_store, monkeypatch) -> None:
+    """A group with more units than ``NUMPY_MASK_CHUNK_UNITS``: numpy creates nothing and says so,
+    and ``_threshold_table`` makes the SQL's table."""
+    metric_names()
+    monkeypatch.setattr(conformal, "NUMPY_MASK_CHUNK_UNITS", 5)
+    con = duckdb.connect(str(facts_store), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        values = conformal._common(["model"], {**REGISTRY["conformal_lac"].params, "repeats": 7})
+        mask = conformal._option_mask_table(con, values)
+        assert not conformal._numpy_threshold_table(con, "_t_np", mask, "lac", values)
+        assert "_t_np" not in conformal.temp_tables(con)
+        table = conformal._threshold_table(con, mask, "lac", values)
+        got = con.execute(f"SELECT * FROM {table} ORDER BY gid, rep").df()
+        want = con.execute(f"{conformal._threshold_query(con, mask, 'lac', values)} ORDER BY gid, rep").df()
+    finally:
+        con.close()
+    assert len(got) > 0
+    pd.testing.assert_frame_equal(got, want, check_exact=True)

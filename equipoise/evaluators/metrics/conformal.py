@@ -184,9 +184,11 @@ NUMPY_MASK_CHUNK_UNITS = 500_000
 NUMPY_MASK_MAX_STEPS = 20_000
 # over the store's facts, pick the LAC / plain APS thresholds of every repeat with numpy
 # (``split_thresholds``) instead of ``thr_own`` of ``conf_split.sql``: the same q_hat, bit for bit.
-# At 100 repeats over the 1M benchmark store the SQL took 0.40-0.59 s of one thread and held
-# 65-124 MiB outside DuckDB's buffer pool (benchmarks/RESULTS.md, stop 39); the tests switch it off to
-# compare the two. Run over groups in runs of at most NUMPY_MASK_CHUNK_UNITS units, like the mask
+# At 100 repeats over the 1M benchmark store the SQL took 0.40-0.59 s of one thread and raised the
+# RSS by 65-71 MiB (124 MiB with two threads), memory DuckDB's cap did not bound; the tests switch it
+# off to compare the two (benchmarks/RESULTS.md, stop 39). Over groups in runs of at most
+# NUMPY_MASK_CHUNK_UNITS units, like the mask; a group larger than that is left to the SQL. Held
+# outside DuckDB (tracemalloc, 475k units, 100 repeats): 49 bytes a unit over 33 groups, 91 in one
 NUMPY_THRESHOLDS = True
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
@@ -1328,15 +1330,15 @@ def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
     unit set and the split), the score and alpha; the SQL is fixed for the process (the table is
     TEMP)."""
     table = "_conf_thr_" + _threshold_key(mask, score, values)
-    if NUMPY_THRESHOLDS and _coded(con) and table not in temp_tables(con):
-        _numpy_threshold_table(con, table, mask, score, values)
+    numpy = NUMPY_THRESHOLDS and _coded(con) and table not in temp_tables(con)
+    if numpy and _numpy_threshold_table(con, table, mask, score, values):
         return table
     return cached_table(con, table, lambda: _threshold_query(con, mask, score, values))
 
 
 def _numpy_threshold_table(
     con: duckdb.DuckDBPyConnection, table: str, mask: str, score: str, values: dict
-) -> None:
+) -> bool:
     """Create ``_threshold_table``'s table ``table`` over the store's facts (``_coded``: the mask
     table ``mask`` holds each unit's target score) with q_hat picked by numpy
     (``split_thresholds.thresholds``): the rows and types of ``thr_own`` (gid, rep, n_cal,
@@ -1345,8 +1347,10 @@ def _numpy_threshold_table(
     SQL counts the units per group and stratum (n_cal: round half up of the calibration share of
     each stratum, summed over the group's strata, as ``conf_split.sql``'s ``strata`` and
     ``group_n``), and hands numpy the units run of groups by run of groups (at most
-    ``NUMPY_MASK_CHUNK_UNITS`` units a run, a larger group alone): group, target score and mask
-    words, nothing per repeat."""
+    ``NUMPY_MASK_CHUNK_UNITS`` units a run): group, target score and mask words, nothing per
+    repeat. Returns False, creating nothing, where one group has more units than a run may hold:
+    numpy would hold that whole group outside DuckDB's cap, and the SQL's memory is bounded by it
+    (e.g. a 10M store grouped by nothing)."""
     repeats, num, den = values["repeats"], values["alpha_num"], values["alpha_den"]
     strata = columns.fetch(
         con, f"SELECT gid, count(*) AS n FROM {mask} WHERE m0 IS NOT NULL GROUP BY gid, sid ORDER BY gid, sid"
@@ -1356,6 +1360,8 @@ def _numpy_threshold_table(
     n_cal = np.zeros(len(gids), dtype=np.int64)
     at = np.searchsorted(gids, strata["gid"])
     np.add.at(n_units, at, strata["n"])
+    if len(n_units) and int(n_units.max()) > NUMPY_MASK_CHUNK_UNITS:
+        return False
     cal = values["cal_num"], values["cal_den"]
     np.add.at(n_cal, at, [split_mask.n_cal(int(n), *cal) for n in strata["n"]])
     # k = ceil((n_cal + 1)(1 - alpha)) in Python's integers, as the SQL's HUGEINT arithmetic
@@ -1369,18 +1375,13 @@ def _numpy_threshold_table(
             f"SELECT gid, {score}_target IS NOT NULL AS scored, coalesce({score}_target, 0) AS st, {names} "
             f"FROM {mask} WHERE m0 IS NOT NULL AND gid BETWEEN {int(gids[first])} AND {int(gids[last])}",
         )
-        words = np.stack([units[f"m{w}"] for w in range(_words(repeats))])
+        words = np.stack([units.pop(f"m{w}") for w in range(_words(repeats))])
         part = slice(first, last + 1)
+        group = np.searchsorted(gids[part], units.pop("gid"))
         q[part], defined[part] = split_thresholds.thresholds(
-            np.searchsorted(gids[part], units["gid"]),
-            units["scored"],
-            units["st"],
-            words,
-            n_cal[part],
-            k_order[part],
-            repeats,
+            group, units["scored"], units["st"], words, n_cal[part], k_order[part], repeats
         )
-        del units, words
+        del units, words, group
     cols = {
         "gid": np.repeat(gids, repeats),
         "rep": np.tile(np.arange(repeats, dtype=np.int64), len(gids)),
@@ -1396,6 +1397,7 @@ def _numpy_threshold_table(
             "n_cal::BIGINT AS n_cal, k_order::BIGINT AS k_order, "
             f"CASE WHEN q_nan THEN 'nan'::DOUBLE ELSE q END AS q_hat FROM {reg}"
         )
+    return True
 
 
 def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict) -> str:

@@ -10,9 +10,9 @@ compares them, and this module with a plain sort per group and repeat).
 Why a second implementation. The SQL lists a band of each group's largest target scores once,
 sorted, and then filters that list by every repeat's bit: one list expression per repeat, evaluated
 side by side. At 100 repeats over the 1M-prediction benchmark store (475k units) that query took
-0.40-0.59 s of one thread and raised the process's RSS by 65-124 MiB (lists built outside DuckDB's
-buffer pool, which the pass's cap bounds): the reason a pass at 100 splits peaked above the store
-file's size (benchmarks/RESULTS.md, stop 39). Here a group's band is a partial sort of its scores
+0.40-0.59 s of one thread and raised the process's RSS by 65-71 MiB (124 MiB with two threads),
+memory that the pass's cap on DuckDB did not bound: the reason a pass at 100 splits peaked above
+the store file's size (benchmarks/RESULTS.md, stop 39). Here a group's band is a partial sort of its scores
 (``np.argpartition``), and each repeat's q_hat is the score of its (n - k + 1)-th calibration unit
 in that band, largest first.
 
@@ -95,16 +95,15 @@ def thresholds(
         if len(rows) == 0:
             continue
         has = scored[rows]
-        w = words[:, rows]
         # n per repeat: the calibration units less those without a target score
-        n = int(n_cal[g]) - calibration_counts(w[:, ~has], repeats)
+        n = int(n_cal[g]) - calibration_counts(words[:, rows[~has]], repeats)
         k = int(k_order[g])
         ok = k <= n
         if not ok.any():
             continue
         pick = n - k + 1  # the pick's place among the calibration scores, largest first
-        values, sw = score[rows][has], w[:, has]
-        got = _picks(values, sw, np.where(ok, pick, 0), len(rows), int(n_cal[g]), repeats)
+        kept = rows[has]  # the scored units: indices, not a copy of their words
+        got = _picks(score[kept], words, kept, np.where(ok, pick, 0), len(rows), int(n_cal[g]), repeats)
         q[g, ok], defined[g, ok] = got[ok], True
     return q, defined
 
@@ -112,18 +111,20 @@ def thresholds(
 def _picks(
     values: np.ndarray,
     words: np.ndarray,
+    units: np.ndarray,
     pick: np.ndarray,
     n_units: int,
     n_cal: int,
     repeats: int,
 ) -> np.ndarray:
     """Per repeat, the ``pick[r]``-th largest of ``values`` among the units whose bit r is set
-    (``pick[r]`` >= 1 and at most their number; 0: not asked, NaN returned).
+    (``pick[r]`` >= 1 and at most their number; 0: not asked, NaN returned). ``values[i]`` is the
+    score of unit ``units[i]``, whose mask words are ``words[:, units[i]]``.
 
     From a band of the largest values, sorted once: a repeat's pick is its pick[r]-th calibration
     unit in the band, where the band holds that many. A repeat whose band falls short selects from
-    all the group's values (``np.argpartition`` over its calibration units). Memory: a few arrays
-    of one value per unit of the group, never units x repeats."""
+    all the group's values (``_select_all``). Memory: a few arrays of one value per unit of the
+    group, never units x repeats."""
     out = np.full(repeats, np.nan)
     key = order_key(values)
     need = int(pick.max())
@@ -133,17 +134,20 @@ def _picks(
     else:
         top = np.arange(len(values))
     top = top[np.argsort(key[top], kind="stable")[::-1]]  # largest first
-    band_words = words[:, top]
+    band_words = words[:, units[top]]
     one = np.uint64(1)
     for r in np.flatnonzero(pick > 0).tolist():
         j = int(pick[r])
-        shift = np.uint64(r % 64)
-        cal = np.flatnonzero((band_words[r // 64] >> shift) & one)
-        if len(cal) >= j:
-            out[r] = values[top[cal[j - 1]]]
-            continue
-        # the band falls short in this repeat: the j-th largest of all its calibration values
-        cal = np.flatnonzero((words[r // 64] >> shift) & one)
-        at = cal[np.argpartition(key[cal], len(cal) - j)[len(cal) - j]]
-        out[r] = values[at]
+        cal = np.flatnonzero((band_words[r // 64] >> np.uint64(r % 64)) & one)
+        out[r] = values[top[cal[j - 1]]] if len(cal) >= j else _select_all(values, key, words, units, r, j)
     return out
+
+
+def _select_all(
+    values: np.ndarray, key: np.ndarray, words: np.ndarray, units: np.ndarray, r: int, j: int
+) -> float:
+    """The ``j``-th largest of ``values`` among the units whose bit ``r`` is set, selected from all
+    of them (``np.argpartition`` on the order key): where a repeat's band fell short."""
+    cal = np.flatnonzero((words[r // 64][units] >> np.uint64(r % 64)) & np.uint64(1))
+    at = cal[np.argpartition(key[cal], len(cal) - j)[len(cal) - j]]
+    return float(values[at])
