@@ -80,6 +80,32 @@ def with_facts(store: Path, path: Path) -> Path:
     return path
 
 
+def with_run_copies(path: Path, seed: int, n_items: int, copies: dict[str, str]) -> Path:
+    """Facts (``with_facts``, at ``f.duckdb`` beside ``path``) of a synthetic store built at ``path``
+    (``make_store``: ``n_items`` items, 2 samples, ``seed``) plus, per entry of ``copies``, a copy of
+    its first run named ``<run>-<suffix>`` whose predictions take the entry's REPLACE expressions
+    (e.g. ``list_transform(score_logprobs, lambda x: x * 0.5) AS score_logprobs``): runs of one
+    (model, config) that share their items, so their units tie on the conformal split's hash."""
+    import duckdb
+
+    from equipoise.evaluators.synthetic import SyntheticSpec, make_store
+
+    make_store(path, SyntheticSpec(n_items=n_items, samples=2, seed=seed))
+    con = duckdb.connect(str(path))
+    try:
+        run = con.execute("SELECT min(run_id) FROM runs").fetchone()[0]
+        for suffix, replace in copies.items():
+            copy = f"{run}-{suffix}"
+            con.execute(
+                f"""INSERT INTO runs SELECT * REPLACE ('{copy}' AS run_id) FROM runs WHERE run_id = '{run}';
+                    INSERT INTO predictions SELECT * REPLACE ('{copy}' AS run_id, {replace})
+                    FROM predictions WHERE run_id = '{run}';"""
+            )
+    finally:
+        con.close()
+    return with_facts(path, path.with_name("f.duckdb"))
+
+
 def random_value(inp, rng: random.Random):
     from tests.bruteforce import full_grid
 

@@ -15,8 +15,7 @@ import pytest
 
 from equipoise.evaluators.metrics import conformal, split_mask
 from equipoise.evaluators.metrics.registry import REGISTRY, compute, metric_names, prepare
-from equipoise.evaluators.synthetic import SyntheticSpec, make_store
-from tests.conftest import with_facts
+from tests.conftest import with_run_copies
 
 M64 = (1 << 64) - 1
 
@@ -156,21 +155,11 @@ def tied_facts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Facts of a store where a second run of one (model, config) repeats the first run's items with
     other option scores, so their units tie on the split hash in every repeat, and a run whose
     items have no option scores (no units)."""
-    path = tmp_path_factory.mktemp("split_mask") / "s.duckdb"
-    make_store(path, SyntheticSpec(n_items=70, samples=2, seed=11))
-    con = duckdb.connect(str(path))
-    run = con.execute("SELECT min(run_id) FROM runs").fetchone()[0]
-    con.execute(
-        f"""INSERT INTO runs SELECT * REPLACE ('{run}-rerun' AS run_id) FROM runs WHERE run_id = '{run}';
-            INSERT INTO predictions SELECT * REPLACE ('{run}-rerun' AS run_id,
-                list_transform(score_logprobs, lambda x: x * 0.5) AS score_logprobs)
-            FROM predictions WHERE run_id = '{run}';
-            INSERT INTO runs SELECT * REPLACE ('{run}-unscored' AS run_id) FROM runs WHERE run_id = '{run}';
-            INSERT INTO predictions SELECT * REPLACE ('{run}-unscored' AS run_id, NULL AS score_labels,
-                NULL AS score_logprobs) FROM predictions WHERE run_id = '{run}';"""
-    )
-    con.close()
-    return with_facts(path, path.with_name("f.duckdb"))
+    copies = {
+        "rerun": "list_transform(score_logprobs, lambda x: x * 0.5) AS score_logprobs",
+        "unscored": "NULL AS score_labels, NULL AS score_logprobs",
+    }
+    return with_run_copies(tmp_path_factory.mktemp("split_mask") / "s.duckdb", 11, 70, copies)
 
 
 CASES = [

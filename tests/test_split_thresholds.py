@@ -13,8 +13,7 @@ import pytest
 
 from equipoise.evaluators.metrics import conformal, split_thresholds
 from equipoise.evaluators.metrics.registry import REGISTRY, compute, metric_names, prepare
-from equipoise.evaluators.synthetic import SyntheticSpec, make_store
-from tests.conftest import with_facts
+from tests.conftest import with_run_copies
 
 SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -2.5, 1e-300, -1e-300]
 
@@ -177,24 +176,12 @@ def facts_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     other option scores (tied split hashes, repeated scores across runs), and a third has NaN option
     scores on about a quarter of its items, so that some target scores are NaN, which DuckDB sorts
     above every number."""
-    path = tmp_path_factory.mktemp("split_thresholds") / "s.duckdb"
-    make_store(path, SyntheticSpec(n_items=80, samples=2, seed=13))
-    con = duckdb.connect(str(path))
-    run = con.execute("SELECT min(run_id) FROM runs").fetchone()[0]
-    con.execute(
-        f"""INSERT INTO runs SELECT * REPLACE ('{run}-rerun' AS run_id) FROM runs WHERE run_id = '{run}';
-            INSERT INTO predictions SELECT * REPLACE ('{run}-rerun' AS run_id,
-                list_transform(score_logprobs, lambda x: round(x, 1)) AS score_logprobs)
-            FROM predictions WHERE run_id = '{run}';
-            INSERT INTO runs SELECT * REPLACE ('{run}-nan' AS run_id) FROM runs WHERE run_id = '{run}';
-            INSERT INTO predictions SELECT * REPLACE ('{run}-nan' AS run_id,
-                list_transform(score_logprobs,
-                               lambda x: CASE WHEN hash(item_id) % 4 = 0 THEN 'nan'::DOUBLE ELSE x END)
-                    AS score_logprobs)
-            FROM predictions WHERE run_id = '{run}';"""
-    )
-    con.close()
-    return with_facts(path, path.with_name("f.duckdb"))
+    copies = {
+        "rerun": "list_transform(score_logprobs, lambda x: round(x, 1)) AS score_logprobs",
+        "nan": "list_transform(score_logprobs, lambda x: CASE WHEN hash(item_id) % 4 = 0 THEN 'nan'::DOUBLE "
+        "ELSE x END) AS score_logprobs",
+    }
+    return with_run_copies(tmp_path_factory.mktemp("split_thresholds") / "s.duckdb", 13, 80, copies)
 
 
 CASES = [
