@@ -1330,10 +1330,12 @@ def _threshold_table(con: duckdb.DuckDBPyConnection, mask: str, score: str, valu
     unit set and the split), the score and alpha; the SQL is fixed for the process (the table is
     TEMP)."""
     table = "_conf_thr_" + _threshold_key(mask, score, values)
-    numpy = NUMPY_THRESHOLDS and _coded(con) and table not in temp_tables(con)
-    if numpy and _numpy_threshold_table(con, table, mask, score, values):
+    if table in temp_tables(con):
         return table
-    return cached_table(con, table, lambda: _threshold_query(con, mask, score, values))
+    if NUMPY_THRESHOLDS and _coded(con) and _numpy_threshold_table(con, table, mask, score, values):
+        return table
+    con.execute(f"CREATE TEMP TABLE {table} AS {_threshold_query(con, mask, score, values)}")
+    return table
 
 
 def _numpy_threshold_table(
