@@ -703,6 +703,12 @@ def _words(repeats: int) -> int:
     return (repeats + 63) // 64
 
 
+def _word_cols(repeats: int, alias: str = "") -> str:
+    """SQL column list of a unit's mask words m0, m1, ... (``alias.m0``, ... with an ``alias``)."""
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(f"{prefix}m{w}" for w in range(_words(repeats)))
+
+
 def _null_words(repeats: int) -> str:
     """SQL select list: the mask words m0, m1, ... of a unit without option scores (all NULL)."""
     return ", ".join(f"NULL::UBIGINT AS m{w}" for w in range(_words(repeats)))
@@ -843,7 +849,7 @@ def _split_extra(score: str, repeats: int) -> dict[str, str]:
         "bu_em": _listed("bem_{r}", repeats),
         "border_aggs": _per_repeat("count_if({test} AND s <= {q}) AS bd_{r}", repeats),
         "bd_list": _listed("bd_{r}", repeats),
-        "mask_cols": ", ".join(f"u.m{w}" for w in range(words)),
+        "mask_cols": _word_cols(repeats, "u"),
         "test_rep_cols": rep_cols,
         "slice_bits": str(SLICE_BITS),
     }
@@ -1068,7 +1074,7 @@ def _coded_mask_table(con: duckdb.DuckDBPyConnection, table: str, values: dict) 
         )
         lookup = np.full(int(keys["ukey"].max()) + 1 if len(keys["ukey"]) else 1, -1, dtype=np.int32)
         lookup[keys["ukey"]] = np.arange(len(keys["ukey"]), dtype=np.int32)
-        names = ", ".join(f"m{w}" for w in range(_words(values["repeats"])))
+        names = _word_cols(values["repeats"])
         con.execute(
             f"CREATE TEMP TABLE {table} AS SELECT gid, sid, sc_row, {_TARGETS}, "
             f"{_null_words(values['repeats'])} FROM {staged} WHERE NOT has_probs"
@@ -1236,7 +1242,7 @@ def _cached_option_units(
         gkeys = f"gkeys AS (SELECT * FROM {cached_table(con, name, numbered)})"
     else:
         gkeys = "gkeys AS (SELECT 1 AS gid)"
-    words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
+    words = _word_cols(values["repeats"], "t")
     scored = _row_relation(con, "scored")
     # coverage_by: the reported column as the integer code of its value (``cov_keys``), so that the
     # split groups, materializes and joins an integer, not (often) a string; the summary maps the
@@ -1370,7 +1376,7 @@ def _numpy_threshold_table(
     k_order = np.array([((int(n) + 1) * (den - num) + den - 1) // den for n in n_cal], dtype=np.int64)
     q = np.zeros((len(gids), repeats))
     defined = np.zeros((len(gids), repeats), dtype=bool)
-    names = ", ".join(f"m{w}" for w in range(_words(repeats)))
+    names = _word_cols(repeats)
     for first, last in _mask_chunks(n_units):
         units = columns.fetch(
             con,
@@ -1405,7 +1411,7 @@ def _numpy_threshold_table(
 def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict) -> str:
     """The query of ``_threshold_table``: the split's thresholds over the mask table's units."""
     sample = values["sample_index"]
-    words = ", ".join(f"t.m{w}" for w in range(_words(values["repeats"])))
+    words = _word_cols(values["repeats"], "t")
     # the split's columns the threshold CTEs do not read are typed constants (they are bound, not run)
     if _coded(con):  # the mask table holds the target scores
         st, join = f"t.{score}_target", ""
@@ -1551,7 +1557,7 @@ def _query(
     cached = fixed and score in ("lac", "aps") and not _aps_randomized(score, params)
     coded_pools = _pools_coded(con, score, params, fixed)
     units = "" if cached else _units_sql(score, values, params, cov, fixed, coded_pools)
-    words = "".join(f"mk.m{w}, " for w in range(_words(values["repeats"])))
+    words = _word_cols(values["repeats"], "mk") + ", "
     # m_top (the group's size, from group_n) is read only by the split's own threshold CTEs
     # (thr_own): sampling counts its thresholds per value (``_sampling_thresholds_sql``) and LAC /
     # plain APS on the shared mask read theirs from a table, so their units carry NULL, no join
