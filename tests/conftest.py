@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,26 @@ def with_run_copies(path: Path, seed: int, n_items: int, copies: dict[str, str])
     finally:
         con.close()
     return with_facts(path, path.with_name("f.duckdb"))
+
+
+@contextmanager
+def option_mask(path: Path, by: Sequence[str], params: dict) -> Iterator[tuple]:
+    """A read-only connection to the facts store ``path``, prepared for a metrics pass over its
+    current facts, with the conformal option units' mask table for conformal_lac's parameters and
+    ``params`` grouped by ``by``: yields ``(con, values, table)``; the connection is closed after."""
+    import duckdb
+
+    from equipoise.evaluators.metrics import conformal
+    from equipoise.evaluators.metrics.registry import REGISTRY, prepare
+
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        prepare(con, materialize=True)
+        assert conformal._coded(con)
+        values = conformal._common(by, {**REGISTRY["conformal_lac"].params, **params})
+        yield con, values, conformal._option_mask_table(con, values)
+    finally:
+        con.close()
 
 
 def random_value(inp, rng: random.Random):

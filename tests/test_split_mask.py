@@ -15,7 +15,7 @@ import pytest
 
 from equipoise.evaluators.metrics import conformal, split_mask
 from equipoise.evaluators.metrics.registry import REGISTRY, compute, metric_names, prepare
-from tests.conftest import with_run_copies
+from tests.conftest import option_mask, with_run_copies
 
 M64 = (1 << 64) - 1
 
@@ -183,20 +183,13 @@ def _mask_run(path: Path, by: list[str], params: dict, monkeypatch, metrics: boo
         return built[-1]
 
     monkeypatch.setattr(conformal, "_coded_mask_table", spy)
-    con = duckdb.connect(str(path), read_only=True)
-    try:
-        prepare(con, materialize=True)
-        assert conformal._coded(con)
-        values = conformal._common(by, {**REGISTRY["conformal_lac"].params, **params})
-        table = conformal._option_mask_table(con, values)
+    with option_mask(path, by, params) as (con, _, table):
         mask = con.execute(f"SELECT * FROM {table} ORDER BY sc_row").df()
         if not metrics:
             return built, mask
         schema = con.execute(f"DESCRIBE {table}").fetchall()
         frames = [compute(con, name, by, params) for name in ("conformal_lac", "conformal_aps")]
         frames.append(compute(con, "conformal_coverage_by", by, params))
-    finally:
-        con.close()
     return built, mask, schema, frames
 
 

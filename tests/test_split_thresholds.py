@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from equipoise.evaluators.metrics import conformal, split_thresholds
-from equipoise.evaluators.metrics.registry import REGISTRY, compute, metric_names, prepare
-from tests.conftest import with_run_copies
+from equipoise.evaluators.metrics.registry import compute, metric_names, prepare
+from tests.conftest import option_mask, with_run_copies
 
 SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -2.5, 1e-300, -1e-300]
 
@@ -195,13 +195,8 @@ CASES = [
 def _tables(path: Path, by: list[str], params: dict) -> dict[str, tuple]:
     """Per score, the thresholds table of each path (numpy and SQL) with its schema, and the checks
     made in SQL (``<score>_checks``: rows differing, [NULL, NaN] thresholds of each table)."""
-    con = duckdb.connect(str(path), read_only=True)
-    try:
-        prepare(con, materialize=True)
-        assert conformal._coded(con)
-        values = conformal._common(by, {**REGISTRY["conformal_lac"].params, **params})
-        mask = conformal._option_mask_table(con, values)
-        out = {}
+    out = {}
+    with option_mask(path, by, params) as (con, values, mask):
         for score in ("lac", "aps"):
             conformal._numpy_threshold_table(con, "_t_np", mask, score, values)
             con.execute(f"CREATE TEMP TABLE _t_sql AS {conformal._threshold_query(con, mask, score, values)}")
@@ -222,8 +217,6 @@ def _tables(path: Path, by: list[str], params: dict) -> dict[str, tuple]:
                            FROM _t_sql)"""
             ).fetchone()
             con.execute("DROP TABLE _t_np; DROP TABLE _t_sql")
-    finally:
-        con.close()
     return out
 
 
@@ -246,16 +239,10 @@ def test_numpy_thresholds_in_runs_of_groups_are_the_same(facts_store, monkeypatc
     metric_names()
     by, params = CASES[0]
     whole = _tables(facts_store, by, params)
-    con = duckdb.connect(str(facts_store), read_only=True)
-    try:
-        prepare(con, materialize=True)
-        values = conformal._common(by, {**REGISTRY["conformal_lac"].params, **params})
-        mask = conformal._option_mask_table(con, values)
+    with option_mask(facts_store, by, params) as (con, _, mask):
         sizes = con.execute(
             f"SELECT count(*) FROM {mask} WHERE m0 IS NOT NULL GROUP BY gid ORDER BY gid"
         ).fetchall()
-    finally:
-        con.close()
     largest = max(n for (n,) in sizes)
     monkeypatch.setattr(conformal, "NUMPY_MASK_CHUNK_UNITS", largest)
     assert len(conformal._mask_chunks(np.array([n for (n,) in sizes]))) >= 2  # a group alone, then three
@@ -301,17 +288,11 @@ def test_a_group_larger_than_a_run_is_left_to_the_sql(facts_store, monkeypatch) 
     and ``_threshold_table`` makes the SQL's table."""
     metric_names()
     monkeypatch.setattr(conformal, "NUMPY_MASK_CHUNK_UNITS", 5)
-    con = duckdb.connect(str(facts_store), read_only=True)
-    try:
-        prepare(con, materialize=True)
-        values = conformal._common(["model"], {**REGISTRY["conformal_lac"].params, "repeats": 7})
-        mask = conformal._option_mask_table(con, values)
+    with option_mask(facts_store, ["model"], {"repeats": 7}) as (con, values, mask):
         assert not conformal._numpy_threshold_table(con, "_t_np", mask, "lac", values)
         assert "_t_np" not in conformal.temp_tables(con)
         table = conformal._threshold_table(con, mask, "lac", values)
         got = con.execute(f"SELECT * FROM {table} ORDER BY gid, rep").df()
         want = con.execute(f"{conformal._threshold_query(con, mask, 'lac', values)} ORDER BY gid, rep").df()
-    finally:
-        con.close()
     assert len(got) > 0
     pd.testing.assert_frame_equal(got, want, check_exact=True)
