@@ -76,7 +76,13 @@ sampling pools) each query computes it inline, except that pools 'item' read tha
 the pass already holds it and the pools are exactly its units (checked in the same query; see
 ``_query``), which in a store of scored MCQ runs they are. The thresholds q_hat of LAC and plain APS
 on that table are likewise a TEMP table per score and alpha (``_threshold_table``), so coverage_by
-with score 'lac' and conformal_lac compute them once. coverage_by's column is carried as an integer
+with score 'lac' and conformal_lac compute them once. Their test sums (per group and repeat, and per
+coverage_by value) are TEMP tables too (``_test_rep_table``): coverage_by's per column, which
+conformal_lac sums over the values when it finds one, and otherwise one per group; over the store's
+facts numpy sums them (``split_test_sums``, ``NUMPY_TEST_SUMS``: the same integers, in 0.51-0.87 s
+against the SQL's 0.85-1.55 s of one thread per table at 1M predictions and 100 repeats, runs
+alternated, benchmarks/RESULTS.md stop 40).
+coverage_by's column is carried as an integer
 code read from a TEMP table per column and sample (``_cov_keys_table``): a stored column has
 min / max statistics, so the split's groupings by that code use DuckDB's small-key aggregates.
 
@@ -116,7 +122,7 @@ from fractions import Fraction
 import duckdb
 import numpy as np
 
-from equipoise.evaluators.metrics import columns, split_mask, split_thresholds
+from equipoise.evaluators.metrics import columns, split_mask, split_test_sums, split_thresholds
 from equipoise.evaluators.metrics.registry import (
     ITEM_CODE,
     POOL_FACT_COLUMNS,
@@ -190,6 +196,12 @@ NUMPY_MASK_MAX_STEPS = 20_000
 # NUMPY_MASK_CHUNK_UNITS units, like the mask; a group larger than that is left to the SQL. Held
 # outside DuckDB (tracemalloc, 475k units, 100 repeats): 49 bytes a unit over 33 groups, 91 in one
 NUMPY_THRESHOLDS = True
+# LAC / plain APS test sums on the shared mask table over the store's facts summed by numpy
+# (``split_test_sums``) instead of ``test_rep_own`` of ``conf_split.sql``: the same integers. The
+# tests switch it off to compare the two. The units go to numpy in runs of at most
+# NUMPY_TEST_SUMS_RUN_ROWS rows of the mask table, which bounds numpy's arrays (outside DuckDB's cap)
+NUMPY_TEST_SUMS = True
+NUMPY_TEST_SUMS_RUN_ROWS = 32_768
 
 # The split's random stream (see the module docstring): SplitMix64 (Steele, Lea & Flood 2014) over
 # unsigned 64-bit integers. SQL has no wrapping 64-bit multiply, so each product is taken in UHUGEINT
@@ -1408,6 +1420,146 @@ def _numpy_threshold_table(
     return True
 
 
+def _test_rep_table(
+    con: duckdb.DuckDBPyConnection, table: str, mask: str, score: str, values: dict, cov: str | None
+) -> None:
+    """Create ``table``: the test sums (``conf_split.sql``'s ``test_rep_own``) of LAC / plain APS
+    units on the shared mask table ``mask`` per group and code of column ``cov`` (NULL without),
+    by numpy over the store's facts (``_numpy_test_rep_table``) or else by the SQL
+    (``_test_rep_query``)."""
+    if NUMPY_TEST_SUMS and _coded(con):
+        _numpy_test_rep_table(con, table, mask, score, values, cov)
+        return
+    con.execute(f"CREATE TEMP TABLE {table} AS {_test_rep_query(con, mask, score, values, cov)}")
+
+
+def _test_rep_query(
+    con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict, cov: str | None
+) -> str:
+    """The SQL of ``_test_rep_table``: ``test_rep_own`` over the units of ``_cached_option_units``,
+    with the thresholds of ``_threshold_table``."""
+    own = f"SELECT * FROM {_OWN_TEST_REP}"
+    split = _render(
+        "conf_split.sql",
+        units_m_sql="SELECT u.*, NULL::BIGINT AS m_top FROM units u",
+        thr_q_sql=f"SELECT * FROM {_threshold_table(con, mask, score, values)}",
+        test_rep_sql=own,
+        **values,
+        **_split_extra(score, values["repeats"]),
+    )
+    units = _cached_option_units(con, mask, score, values, cov)
+    return _referenced_ctes(f"WITH {units},\n{split}\n{own}")
+
+
+def _numpy_test_rep_table(
+    con: duckdb.DuckDBPyConnection, table: str, mask: str, score: str, values: dict, cov: str | None
+) -> None:
+    """Create ``table`` with the rows and types of ``conf_split.sql``'s ``test_rep_own`` (gid, cov,
+    rep, n, sz, cv, em) for LAC / plain APS units on the shared mask table ``mask`` over the store's
+    facts (``_coded``), per group and, for coverage_by, per integer code of column ``cov`` (NULL
+    without): summed by numpy (``split_test_sums``) from the units' mask words, target and option
+    scores, with the thresholds of ``_threshold_table``. The same integers as the SQL.
+
+    The sums add up over any partition of the units, so the units are fetched in runs of at most
+    ``NUMPY_TEST_SUMS_RUN_ROWS`` rows of the mask table (by its rowid), each run's option scores as
+    one row per score, and the runs' sums are added: numpy's memory, outside DuckDB's cap, is
+    bounded by the run, whatever the size of the store or of a group."""
+    repeats = values["repeats"]
+    thr = columns.fetch(
+        con,
+        "SELECT gid, q_hat IS NULL AS q_null, coalesce(q_hat, 0) AS q "
+        f"FROM {_threshold_table(con, mask, score, values)} ORDER BY gid, rep",
+    )
+    gids = np.unique(thr["gid"])
+    q_all = np.where(thr["q_null"], np.inf, thr["q"]).reshape(len(gids), repeats)  # NULL: the full set
+    del thr
+    names = _word_cols(repeats, "t")
+    cov_col, cov_join = "0", ""
+    if cov is not None:
+        cov_col = "ck.code"
+        cov_join = (
+            f" JOIN (SELECT v, code FROM {_cov_keys_table(con, cov, values['sample_index'])}) ck "
+            f"ON ck.v IS NOT DISTINCT FROM f.{cov}"
+        )
+    scores = "main.facts_scored f ON f.rowid = t.sc_row"
+    first, last = con.execute(f"SELECT min(rowid), max(rowid) FROM {mask}").fetchone()
+    keys: list[np.ndarray] = []  # per run: its segments' (group index << 32 | code)
+    sums: list[dict[str, np.ndarray]] = []  # per run: its segments' sums
+    step = NUMPY_TEST_SUMS_RUN_ROWS
+    for a in range(int(first or 0), int(last or -1) + 1, step):
+        where = (
+            f"t.rowid BETWEEN {a} AND {a + step - 1} AND t.m0 IS NOT NULL AND f.{score}_scores IS NOT NULL"
+        )
+        units = columns.fetch(
+            con,
+            f"SELECT t.gid, t.sc_row, {names}, f.{score}_target IS NOT NULL AS has_t, "
+            f"coalesce(f.{score}_target, 0) AS st, {cov_col} AS cov FROM {mask} t JOIN {scores}{cov_join} "
+            f"WHERE {where}",
+        )
+        if len(units["gid"]) == 0:
+            continue
+        opts = columns.fetch(
+            con,
+            f"SELECT sc_row, x FROM (SELECT t.sc_row, unnest(f.{score}_scores) AS x FROM {mask} t "
+            f"JOIN {scores} WHERE {where}) WHERE x IS NOT NULL",
+        )
+        group = np.searchsorted(gids, units["gid"])
+        in_thr = group < len(gids)
+        in_thr[in_thr] = gids[group[in_thr]] == units["gid"][in_thr]
+        if not in_thr.all():  # units of a group without thresholds join no q_hat: not test units
+            units, group = columns.take(units, in_thr), group[in_thr]
+        # each option score's unit: by the rowid, through a dense map over the run's rowids
+        rows = units.pop("sc_row")
+        low = int(rows.min())
+        unit_at = np.full(int(rows.max()) - low + 1, -1, dtype=np.int64)
+        unit_at[rows - low] = np.arange(len(rows))
+        opt_unit = unit_at[opts.pop("sc_row") - low]
+        del unit_at, rows
+        kept = opt_unit >= 0
+        if not kept.all():
+            opt_unit, opts["x"] = opt_unit[kept], opts["x"][kept]
+        # the run's segments: its (group, code) pairs, numbered in that order
+        seg_keys, seg = np.unique(
+            (group.astype(np.int64) << 32) | units["cov"].astype(np.int64), return_inverse=True
+        )
+        words = np.stack([units.pop(f"m{w}") for w in range(_words(repeats))])
+        sums.append(
+            split_test_sums.test_sums(
+                seg,
+                (seg_keys >> 32).astype(np.int64),
+                words,
+                units["has_t"],
+                units["st"],
+                opt_unit,
+                opts["x"],
+                q_all,
+                repeats,
+            )
+        )
+        keys.append(seg_keys)
+        del units, opts, words, opt_unit
+    all_keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+    seg_keys, at = np.unique(all_keys, return_inverse=True)
+    cols = {
+        "gid": np.repeat(gids[seg_keys >> 32], repeats),
+        "cov": np.repeat(seg_keys & 0xFFFFFFFF, repeats),
+        "rep": np.tile(np.arange(repeats, dtype=np.int64), len(seg_keys)),
+    }
+    for name in split_test_sums.SUMS:
+        total = np.zeros((len(seg_keys), repeats), dtype=np.int64)
+        if sums:
+            np.add.at(total, at, np.concatenate([s[name] for s in sums]))
+        cols[name] = total.ravel()
+    gid_type = con.execute(f"DESCRIBE SELECT gid FROM {mask}").fetchone()[1]  # as the SQL's gid
+    cov_sql = "cov::BIGINT" if cov is not None else "NULL::BIGINT"
+    sums_sql = ", ".join(f"{name}::BIGINT AS {name}" for name in split_test_sums.SUMS)
+    with columns.registered(con, cols) as reg:
+        con.execute(
+            f"CREATE TEMP TABLE {table} AS SELECT gid::{gid_type} AS gid, {cov_sql} AS cov, "
+            f"rep::BIGINT AS rep, {sums_sql} FROM {reg}"
+        )
+
+
 def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict) -> str:
     """The query of ``_threshold_table``: the split's thresholds over the mask table's units."""
     sample = values["sample_index"]
@@ -1491,6 +1643,14 @@ def _test_rep_prefix(mask: str, score: str, values: dict) -> str:
     the score and alpha) and, through the score lists, on nothing else: the sample is part of the
     mask table's name."""
     return "_conf_trep_" + _threshold_key(mask, score, values)
+
+
+def _group_test_rep_table(mask: str, score: str, values: dict) -> str:
+    """The TEMP table of the per-group test sums (``test_rep_own``'s rows, cov NULL) that numpy
+    computes for conformal_lac / plain APS on the shared mask table ``mask`` where no coverage_by
+    table of the same units, score and alpha is held (``_numpy_test_rep_table``). Its name is not
+    ``_test_rep_prefix``'s, so it is never read as a coverage_by table."""
+    return "_conf_trepg_" + _threshold_key(mask, score, values)
 
 
 def _threshold_key(mask: str, score: str, values: dict) -> str:
@@ -1617,22 +1777,31 @@ def _query(
             thr_q_sql = f"SELECT * FROM {_threshold_table(con, table, score, values)}"
             units_m = f"SELECT u.*, {m_top} AS m_top FROM units u{m_join}"
             prefix = _test_rep_prefix(table, score, values)
+            held = temp_tables(con)
+            numpy_sums = NUMPY_TEST_SUMS and _coded(con)
             if cov is not None:  # coverage_by: its per-value test sums, kept for LAC / APS
                 kept_test_rep = f"{prefix}_{cov}"
                 test_rep_sql = f"SELECT * FROM {kept_test_rep}"
+                if kept_test_rep not in held:
+                    _test_rep_table(con, kept_test_rep, table, score, values, cov)
             else:
-                found = sorted(t for t in temp_tables(con) if t.startswith(f"{prefix}_"))
+                found = sorted(t for t in held if t.startswith(f"{prefix}_"))
+                group_sums = _group_test_rep_table(table, score, values)
                 if found:  # any coverage_by column: its values partition the group's test units
                     test_rep_sql = (
                         "SELECT gid, NULL AS cov, rep, sum(n)::BIGINT AS n, sum(sz)::BIGINT AS sz, "
                         f"sum(cv)::BIGINT AS cv, sum(em)::BIGINT AS em FROM {found[0]} GROUP BY gid, rep"
                     )
-                    if _coded(con):
-                        # the units' thresholds and test sums are read from tables: the flags the
-                        # mask table holds give n_target_unscored without joining the score lists
-                        # (where the units feed the test sums too, this measured slower: not there)
-                        flags = f"SELECT gid, NOT has_target AS target_unscored FROM {table}"
-                        target_units = f"({flags} WHERE m0 IS NOT NULL)"
+                elif numpy_sums:
+                    if group_sums not in held:
+                        _numpy_test_rep_table(con, group_sums, table, score, values, None)
+                    test_rep_sql = f"SELECT * FROM {group_sums}"
+                if _coded(con) and test_rep_sql != f"SELECT * FROM {_OWN_TEST_REP}":
+                    # the units' thresholds and test sums are read from tables: the flags the
+                    # mask table holds give n_target_unscored without joining the score lists
+                    # (where the units feed the test sums too, this measured slower: not there)
+                    flags = f"SELECT gid, NOT has_target AS target_unscored FROM {table}"
+                    target_units = f"({flags} WHERE m0 IS NOT NULL)"
 
     def split_with(test_rep: str) -> str:
         return _render(
@@ -1645,13 +1814,6 @@ def _query(
         )
 
     split = split_with(test_rep_sql)
-    if kept_test_rep is not None:
-        own = f"SELECT * FROM {_OWN_TEST_REP}"
-
-        def kept_query() -> str:  # rendered only when the table is missing
-            return _referenced_ctes(f"WITH {units},\n{mask_ctes}{split_with(own)}\n{own}")
-
-        cached_table(con, kept_test_rep, kept_query)
     check_col = ""
     if shared is not None:
         ok = "(SELECT ok FROM mask_check)"
