@@ -276,13 +276,24 @@ class _Results:
         self.outdir, self.hwm = outdir, {}
         self.times: dict[str, float] = {}
         self.errors: dict[str, str] = {}
+        # metrics the pass ran again alone after an out-of-memory error beside another lane
+        # (pass_runner.MetricDone.retried): their first attempt is in the total, not in their time
+        self.retried: list[str] = []
 
-    def step(self, name: str, seconds: float) -> None:
+    def step(self, name: str, seconds: float, retried: bool = False) -> None:
         self.times[name] = seconds
         self.hwm[name] = peak_mib()
+        if retried:
+            self.retried.append(name)
 
     def save(self, extra: dict) -> None:
-        info = {"times": self.times, "errors": self.errors, "peak_rss_mib": peak_mib(), **extra}
+        info = {
+            "times": self.times,
+            "errors": self.errors,
+            "retried": self.retried,
+            "peak_rss_mib": peak_mib(),
+            **extra,
+        }
         info["peak_rss_after_mib"] = self.hwm
         (self.outdir / "timings.json").write_text(json.dumps(info, indent=2))
 
@@ -349,7 +360,7 @@ def child_duckdb(
         targets,
         params=params,
         jobs=jobs,
-        on_done=lambda d: res.step(d.name, d.seconds),
+        on_done=lambda d: res.step(d.name, d.seconds, d.retried),
         on_error=failed,
     )
     con.close()
@@ -676,6 +687,8 @@ def main() -> int:
             if errs
             else ("" if has else "no data in this store (empty / all NULL)")
         )
+        if duck and name in duck.get("retried", []):
+            note = "; ".join(x for x in (note, "out of memory beside another lane, run again alone") if x)
         if refr and name not in ref.REFERENCE:
             note = "NO REFERENCE (add one to metrics_reference.py)"
             cmp_ = {"mismatches": None, "examples": ["no reference implementation"]}
@@ -807,6 +820,7 @@ def _run_record(
         "mismatches": sum(known) if both else None,
         "uncompared": [n for n in names if compared.get(n, {}).get("mismatches") is None] if both else [],
         "errors": sorted({n for r in runs.values() for n in r["errors"]}),
+        "retried": list(duck.get("retried", [])) if duck else [],
     }
 
 
@@ -829,6 +843,7 @@ def _print_repeats(repeats: list[dict], store_mib: float) -> bool:
             f"{_f(r['ratio'], 2):>7} {r['mismatches'] if r['mismatches'] is not None else '-':>9} "
             f"{'-' if peak is None else f'{peak:,.0f} MiB':>9}"
             + (f"  FAILED: {', '.join(r['errors'])}" if r["errors"] else "")
+            + (f"  RUN AGAIN ALONE (out of memory): {', '.join(r['retried'])}" if r.get("retried") else "")
             + (f"  NOT COMPARED: {', '.join(r['uncompared'])}" if r["uncompared"] else "")
         )
     ratios = sorted(r["ratio"] for r in repeats if r["ratio"] is not None)

@@ -83,8 +83,11 @@ def test_a_repeat_with_a_mismatch_or_an_uncompared_metric_fails(capsys) -> None:
     assert bench._print_repeats([ok, {**ok, "run": 2, "mismatches": 3}], 400.0) is True
     assert bench._print_repeats([ok, {**ok, "run": 2, "uncompared": ["aurc"]}], 400.0) is True
     assert bench._print_repeats([ok, {**ok, "run": 2, "errors": ["aurc"]}], 400.0) is True
+    # a metric run again alone after running out of memory beside another lane: said, not a failure
+    assert bench._print_repeats([ok, {**ok, "run": 2, "retried": ["conformal_aps"]}], 400.0) is False
     shown = capsys.readouterr().out
     assert "NOT COMPARED: aurc" in shown and "FAILED: aurc" in shown
+    assert "RUN AGAIN ALONE (out of memory): conformal_aps" in shown
     assert "2 of 2 at >= 20x" in shown
     # a record of a run whose comparison is missing a metric: uncompared, not silently 0
     rec = bench._run_record(
@@ -92,13 +95,14 @@ def test_a_repeat_with_a_mismatch_or_an_uncompared_metric_fails(capsys) -> None:
         ["reference", "duckdb"],
         (1.0, 1.0, 1.0),
         {
-            k: {"total_s": 1.0, "cpu_s": 1.0, "peak_rss_mib": 1.0, "errors": {}}
+            k: {"total_s": 1.0, "cpu_s": 1.0, "peak_rss_mib": 1.0, "errors": {}, "retried": ["auroc"]}
             for k in ("duckdb", "reference")
         },
         {"auroc": {"mismatches": 0}, "aurc": {"mismatches": None}},
         ["auroc", "aurc", "brier"],
     )
     assert rec["mismatches"] == 0 and rec["uncompared"] == ["aurc", "brier"]
+    assert rec["retried"] == ["auroc"]
 
 
 def test_conformal_repeats_reach_both_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

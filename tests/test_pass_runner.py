@@ -258,6 +258,7 @@ def test_a_metric_out_of_memory_beside_others_runs_again_alone(
     # run again after the lanes, alone, on its own lane's connection (where prr, its group, ran)
     assert done[-1].name == "aurc" and done[-1].lane == next(d.lane for d in done if d.name == "prr")
     assert sorted(d.name for d in done) == metric_names()
+    assert [d.name for d in done if d.retried] == ["aurc"]  # said, for a caller timing the pass
 
 
 def test_cli_metrics_out_with_jobs_writes_the_same_files_and_caches_them(

@@ -98,13 +98,17 @@ GROUP_WEIGHTS: dict[str, float] = {
 
 @dataclass(frozen=True)
 class MetricDone:
-    """One metric written: its file, row count, its own wall time in its lane, and the lane."""
+    """One metric written: its file, row count, its own wall time in its lane, and the lane.
+    ``retried``: it ran out of memory beside other lanes and was run again alone after them; its
+    seconds are the second attempt's (the first attempt's time is in the pass's, no metric's), so
+    a caller timing the pass can say why a pass took longer."""
 
     name: str
     path: Path
     rows: int
     seconds: float
     lane: int
+    retried: bool = False
 
 
 class PassError(RuntimeError):
@@ -187,10 +191,10 @@ def run_pass(
     for group in light:
         todo.put(group)
 
-    def run_one(lane: int, c: duckdb.DuckDBPyConnection, name: str) -> None:
+    def run_one(lane: int, c: duckdb.DuckDBPyConnection, name: str, retried: bool = False) -> None:
         t0 = time.perf_counter()
         rows = registry.write_result(c, name, targets[name], by=by, params=(params or {}).get(name))
-        record = MetricDone(name, Path(targets[name]), rows, time.perf_counter() - t0, lane)
+        record = MetricDone(name, Path(targets[name]), rows, time.perf_counter() - t0, lane, retried)
         with lock:
             done.append(record)
             if on_done is not None:
@@ -266,7 +270,7 @@ def run_pass(
         order = list(targets)
         for name, lane in sorted(retry, key=lambda r: order.index(r[0])):  # alone, every thread
             try:
-                run_one(lane, lanes[lane], name)
+                run_one(lane, lanes[lane], name, retried=True)
             except Exception as exc:
                 if (error := _failure(on_error, name, exc)) is not None:
                     raise PassError(name, error) from error
