@@ -15,17 +15,18 @@ repeat).
 Why a second implementation. The SQL computes, per unit, the options at or below its group's
 smallest q_hat and lists its scores between the smallest and the largest q_hat (list lambdas over
 every unit's scores), then groups the units once per 8-bit slice of their mask words: at 100
-repeats over the 1M-prediction benchmark store (475k units) that took 0.7-1.1 s of one thread per
-query, and the pass runs it twice (conformal_aps, and coverage_by's sums that conformal_lac reads).
-The same decomposition in numpy: a unit's repeat-independent counts (options at or below the
+repeats over the 1M-prediction benchmark store (475k units) that took 0.85-1.55 s of one thread
+per table (benchmarks/RESULTS.md, stop 40), against 0.51-0.87 s here, and the pass makes two such
+tables (conformal_aps's, and coverage_by's, which conformal_lac reads). The same decomposition in
+numpy: a unit's repeat-independent counts (options at or below the
 group's smallest q_hat, target covered and set empty in every repeat) summed over every repeat's
 calibration units at once by a matrix product of the units' calibration flags, and only the few
 "border" scores between the smallest and the largest q_hat compared repeat by repeat.
 
 Nothing loops over units in Python: loops are over chunks of units and over segments. The caller
 (``conformal._numpy_test_rep_table``) hands the units over in runs of mask rows and adds the runs'
-sums, so the arrays here hold one run (at 32,768 rows a run: 25-27 MiB at the peak, tracemalloc,
-1M-prediction store, 100 repeats).
+sums, so the arrays here hold one run (at 32,768 rows a run: 24.6-26.5 MiB at the peak,
+tracemalloc, 1M-prediction store, 100 repeats).
 """
 
 from __future__ import annotations
