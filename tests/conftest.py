@@ -82,6 +82,16 @@ def with_facts(store: Path, path: Path) -> Path:
     return path
 
 
+# copies of a run for ``with_run_copies`` (the conformal split tests): one with its option log-probs
+# rounded to one decimal (ties between options, and with thresholds), one with NaN log-probs on about
+# a quarter of its items (NaN target scores, which DuckDB sorts above every number)
+ROUNDED_AND_NAN_RUNS = {
+    "rerun": "list_transform(score_logprobs, lambda x: round(x, 1)) AS score_logprobs",
+    "nan": "list_transform(score_logprobs, lambda x: CASE WHEN hash(item_id) % 4 = 0 THEN 'nan'::DOUBLE "
+    "ELSE x END) AS score_logprobs",
+}
+
+
 def with_run_copies(path: Path, seed: int, n_items: int, copies: dict[str, str]) -> Path:
     """Facts (``with_facts``, at ``f.duckdb`` beside ``path``) of a synthetic store built at ``path``
     (``make_store``: ``n_items`` items, 2 samples, ``seed``) plus, per entry of ``copies``, a copy of

@@ -14,7 +14,7 @@ import pytest
 
 from equipoise.evaluators.metrics import conformal, split_test_sums
 from equipoise.evaluators.metrics.registry import compute, metric_names, prepare
-from tests.conftest import option_mask, with_run_copies
+from tests.conftest import ROUNDED_AND_NAN_RUNS, option_mask, with_run_copies
 
 SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -2.5, 0.25, 1e-300]
 
@@ -140,12 +140,9 @@ def facts_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Facts of a store where a second run of one (model, config) repeats the first run's items with
     rounded option scores (ties between options, and with q_hat), and a third has NaN option scores on
     about a quarter of its items (NaN target scores and thresholds)."""
-    copies = {
-        "rerun": "list_transform(score_logprobs, lambda x: round(x, 1)) AS score_logprobs",
-        "nan": "list_transform(score_logprobs, lambda x: CASE WHEN hash(item_id) % 4 = 0 THEN 'nan'::DOUBLE "
-        "ELSE x END) AS score_logprobs",
-    }
-    return with_run_copies(tmp_path_factory.mktemp("split_test_sums") / "s.duckdb", 17, 80, copies)
+    return with_run_copies(
+        tmp_path_factory.mktemp("split_test_sums") / "s.duckdb", 17, 80, ROUNDED_AND_NAN_RUNS
+    )
 
 
 CASES = [

@@ -13,7 +13,7 @@ import pytest
 
 from equipoise.evaluators.metrics import conformal, split_thresholds
 from equipoise.evaluators.metrics.registry import compute, metric_names, prepare
-from tests.conftest import option_mask, with_run_copies
+from tests.conftest import ROUNDED_AND_NAN_RUNS, option_mask, with_run_copies
 
 SPECIAL = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1.0, -2.5, 1e-300, -1e-300]
 
@@ -176,12 +176,9 @@ def facts_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     other option scores (tied split hashes, repeated scores across runs), and a third has NaN option
     scores on about a quarter of its items, so that some target scores are NaN, which DuckDB sorts
     above every number."""
-    copies = {
-        "rerun": "list_transform(score_logprobs, lambda x: round(x, 1)) AS score_logprobs",
-        "nan": "list_transform(score_logprobs, lambda x: CASE WHEN hash(item_id) % 4 = 0 THEN 'nan'::DOUBLE "
-        "ELSE x END) AS score_logprobs",
-    }
-    return with_run_copies(tmp_path_factory.mktemp("split_thresholds") / "s.duckdb", 13, 80, copies)
+    return with_run_copies(
+        tmp_path_factory.mktemp("split_thresholds") / "s.duckdb", 13, 80, ROUNDED_AND_NAN_RUNS
+    )
 
 
 CASES = [
