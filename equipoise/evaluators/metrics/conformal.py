@@ -78,7 +78,8 @@ the pass already holds it and the pools are exactly its units (checked in the sa
 on that table are likewise a TEMP table per score and alpha (``_threshold_table``), so coverage_by
 with score 'lac' and conformal_lac compute them once. Their test sums (per group and repeat, and per
 coverage_by value) are TEMP tables too (``_test_rep_table``): coverage_by's per column, which
-conformal_lac sums over the values when it finds one, and otherwise one per group; over the store's
+conformal_lac sums over the values when it finds one, and otherwise, over the store's facts, one per
+group (elsewhere LAC and APS sum their own in their query); over the store's
 facts numpy sums them (``split_test_sums``, ``NUMPY_TEST_SUMS``: the same integers, in 0.51-0.87 s
 against the SQL's 0.85-1.55 s of one thread per table at 1M predictions and 100 repeats, runs
 alternated, benchmarks/RESULTS.md stop 40).
@@ -1508,14 +1509,19 @@ def _numpy_test_rep_table(
         in_thr[in_thr] = gids[group[in_thr]] == units["gid"][in_thr]
         if not in_thr.all():  # units of a group without thresholds join no q_hat: not test units
             units, group = columns.take(units, in_thr), group[in_thr]
-        # each option score's unit: by the rowid, through a dense map over the run's rowids
+            if len(group) == 0:
+                continue
+        # each option score's unit: its rowid looked up among the run's units' rowids, sorted (a
+        # run's rowids are spread over the whole fact table: a dense map over their range would
+        # not be bounded by the run); an option of a unit left out above matches none
         rows = units.pop("sc_row")
-        low = int(rows.min())
-        unit_at = np.full(int(rows.max()) - low + 1, -1, dtype=np.int64)
-        unit_at[rows - low] = np.arange(len(rows))
-        opt_unit = unit_at[opts.pop("sc_row") - low]
-        del unit_at, rows
-        kept = opt_unit >= 0
+        by_row = np.argsort(rows)
+        sorted_rows = rows[by_row]
+        opt_rows = opts.pop("sc_row")
+        at = np.minimum(np.searchsorted(sorted_rows, opt_rows), len(rows) - 1)
+        kept = sorted_rows[at] == opt_rows
+        opt_unit = by_row[at]
+        del rows, by_row, sorted_rows, opt_rows, at
         if not kept.all():
             opt_unit, opts["x"] = opt_unit[kept], opts["x"][kept]
         # the run's segments: its (group, code) pairs, numbered in that order

@@ -1,6 +1,6 @@
 """The test sums of split conformal, every segment and repeat, computed with numpy from the mask.
 
-What it computes is exactly ``test_rep_own`` of ``sql/conf_split.sql`` for LAC and plain APS: per
+What it computes is ``test_rep_own`` of ``sql/conf_split.sql`` for LAC and plain APS: per
 segment (a group, or a group and a coverage_by value) and repeat r, over the segment's test units
 (mask bit r clear) whose option scores are listed, how many there are (n), how many options their
 sets hold (sz: options with s <= q_hat of the unit's group in repeat r), how many sets hold the
@@ -10,7 +10,13 @@ target (cv: target score <= q_hat) and how many are empty (em: no option <= q_ha
 option score counts nowhere, a NULL target score is never covered, and a unit without an option
 score is empty in every repeat. The sums are integers, so they are the SQL's exactly
 (``tests/test_split_test_sums.py`` compares them with the SQL table and with a direct count per
-repeat).
+repeat), with one exception that the store's facts cannot produce: a group whose q_hat is NaN in
+some repeats and NULL in others. There the SQL's shortcut (the range [q_lo, q_hi] of the group's
+q_hat, with NULL read as +infinity, which is below NaN) no longer brackets every repeat's q_hat,
+and its sums depart from the definition; these follow the definition. Over the facts a unit with
+option scores always has a target score (1.0 where the target was not scored,
+``sql/sample_probs.sql``), so a group's count of calibration scores, and with it whether q_hat is
+NULL, is the same in every repeat.
 
 Why a second implementation. The SQL computes, per unit, the options at or below its group's
 smallest q_hat and lists its scores between the smallest and the largest q_hat (list lambdas over

@@ -204,8 +204,9 @@ test_rep_own AS (
 ),
 -- test_rep_own's rows, or, for conformal_lac / plain APS, the sums over the coverage_by values of the
 -- rows a coverage_by query kept for the same units, mask, score and alpha (conformal.py,
--- ``_test_rep_prefix``): integer counts, so the sums are exactly the per-group counts; the CTEs above
--- are then not referenced, and not run
+-- ``_test_rep_prefix``): integer counts, so the sums are exactly the per-group counts; or, over the
+-- store's facts, the per-group table that numpy summed (conformal.py, ``_group_test_rep_table``);
+-- the CTEs above are then not referenced, and not run
 test_rep AS (
     {test_rep_sql}
 ),
