@@ -1738,7 +1738,7 @@ def _query(
     thr_q_sql = f"SELECT * FROM {_OWN_THRESHOLDS}"
     if score == "sampling":
         thr_q_sql = _sampling_thresholds_sql(values["repeats"])
-    test_rep_sql, kept_test_rep = f"SELECT * FROM {_OWN_TEST_REP}", None
+    test_rep_sql = f"SELECT * FROM {_OWN_TEST_REP}"
     target_units = "units"  # what the option summary counts n_target_unscored from
     if share_mask and fixed and _pooled(score, params):
         assert con is not None
@@ -1784,7 +1784,7 @@ def _query(
             units_m = f"SELECT u.*, {m_top} AS m_top FROM units u{m_join}"
             prefix = _test_rep_prefix(table, score, values)
             held = temp_tables(con)
-            numpy_sums = NUMPY_TEST_SUMS and _coded(con)
+            coded = _coded(con)
             if cov is not None:  # coverage_by: its per-value test sums, kept for LAC / APS
                 kept_test_rep = f"{prefix}_{cov}"
                 test_rep_sql = f"SELECT * FROM {kept_test_rep}"
@@ -1792,34 +1792,32 @@ def _query(
                     _test_rep_table(con, kept_test_rep, table, score, values, cov)
             else:
                 found = sorted(t for t in held if t.startswith(f"{prefix}_"))
-                group_sums = _group_test_rep_table(table, score, values)
+                from_table = bool(found) or (NUMPY_TEST_SUMS and coded)
                 if found:  # any coverage_by column: its values partition the group's test units
                     test_rep_sql = (
                         "SELECT gid, NULL AS cov, rep, sum(n)::BIGINT AS n, sum(sz)::BIGINT AS sz, "
                         f"sum(cv)::BIGINT AS cv, sum(em)::BIGINT AS em FROM {found[0]} GROUP BY gid, rep"
                     )
-                elif numpy_sums:
+                elif from_table:  # numpy's per-group sums over the facts
+                    group_sums = _group_test_rep_table(table, score, values)
                     if group_sums not in held:
                         _numpy_test_rep_table(con, group_sums, table, score, values, None)
                     test_rep_sql = f"SELECT * FROM {group_sums}"
-                if _coded(con) and test_rep_sql != f"SELECT * FROM {_OWN_TEST_REP}":
+                if coded and from_table:
                     # the units' thresholds and test sums are read from tables: the flags the
                     # mask table holds give n_target_unscored without joining the score lists
                     # (where the units feed the test sums too, this measured slower: not there)
                     flags = f"SELECT gid, NOT has_target AS target_unscored FROM {table}"
                     target_units = f"({flags} WHERE m0 IS NOT NULL)"
 
-    def split_with(test_rep: str) -> str:
-        return _render(
-            "conf_split.sql",
-            units_m_sql=units_m,
-            thr_q_sql=thr_q_sql,
-            test_rep_sql=test_rep,
-            **values,
-            **_split_extra(score, values["repeats"]),
-        )
-
-    split = split_with(test_rep_sql)
+    split = _render(
+        "conf_split.sql",
+        units_m_sql=units_m,
+        thr_q_sql=thr_q_sql,
+        test_rep_sql=test_rep_sql,
+        **values,
+        **_split_extra(score, values["repeats"]),
+    )
     check_col = ""
     if shared is not None:
         ok = "(SELECT ok FROM mask_check)"
