@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from equipoise.evaluators.metrics import conformal, split_test_sums
+from equipoise.evaluators.metrics import conformal, split_test_sums, split_thresholds
 from equipoise.evaluators.metrics.registry import compute, metric_names, prepare
 from tests.conftest import ROUNDED_AND_NAN_RUNS, option_mask, with_run_copies
 
@@ -47,7 +47,7 @@ def test_compare_key_orders_as_duckdb_compares() -> None:
 def test_flags_read_every_word_in_bit_order() -> None:
     rng = np.random.default_rng(7)
     words = rng.integers(0, 1 << 64, (2, 3_000), dtype=np.uint64)
-    flags = split_test_sums.flags(words, 100)
+    flags = split_thresholds.calibration_flags(words, 100)
     assert flags.shape == (3_000, 100)
     for r in (0, 7, 8, 63, 64, 99):
         np.testing.assert_array_equal(flags[:, r], (words[r // 64] >> np.uint64(r % 64)) & np.uint64(1))

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from equipoise.evaluators.metrics.split_thresholds import order_key
+from equipoise.evaluators.metrics.split_thresholds import calibration_flags, order_key
 
 # units (or border scores) whose calibration flags are expanded at a time: this many x repeats
 # bytes of flags, and four bytes more per flag as float32 for the product (about 8 MiB at 100 repeats)
@@ -56,15 +56,6 @@ def compare_key(values: np.ndarray) -> np.ndarray:
     0.0 (DuckDB compares them equal; their bits differ)."""
     v = np.asarray(values, dtype=np.float64)
     return order_key(np.where(v == 0.0, 0.0, v))
-
-
-def flags(words: np.ndarray, repeats: int) -> np.ndarray:
-    """The (units, repeats) uint8 calibration flags of mask words ``words`` ((ceil(repeats / 64),
-    units) uint64): 1 where the unit calibrates in the repeat (bit r % 64 of word r // 64)."""
-    n = words.shape[1]
-    little = np.ascontiguousarray(words.T).astype("<u8", copy=False)  # bytes in bit order
-    bits = np.unpackbits(little.view(np.uint8).reshape(n, -1), axis=1, bitorder="little")
-    return bits[:, :repeats]
 
 
 def _by_segment(seg: np.ndarray, n_seg: int) -> np.ndarray:
@@ -90,7 +81,7 @@ def _segment_sums(
     step = _chunk(int(weights.max()) if weights.size else 1)
     for a in range(0, len(seg), step):
         b = min(len(seg), a + step)
-        f = flags(words[:, flag_rows[a:b]], repeats).astype(np.float32)
+        f = calibration_flags(words[:, flag_rows[a:b]], repeats).astype(np.float32)
         w = weights[a:b].astype(np.float32)
         s = seg[a:b]
         cuts = np.flatnonzero(np.diff(s)) + 1
@@ -118,7 +109,7 @@ def _border_sums(
         return out
     for a in range(0, len(seg), CHUNK_ROWS):
         b = min(len(seg), a + CHUNK_ROWS)
-        hit = (key[a:b, None] <= q_key[group[a:b]]) & (flags(words[:, unit[a:b]], repeats) == 0)
+        hit = (key[a:b, None] <= q_key[group[a:b]]) & (calibration_flags(words[:, unit[a:b]], repeats) == 0)
         s = seg[a:b]
         starts = np.r_[0, np.flatnonzero(np.diff(s)) + 1]
         out[s[starts]] += np.add.reduceat(hit, starts, axis=0, dtype=np.int64)
