@@ -1411,14 +1411,26 @@ def _numpy_threshold_table(
         "q": np.where(defined, q, np.nan).ravel(),  # NaN: NULL (columns' convention) ...
         "q_nan": (defined & np.isnan(q)).ravel(),  # ... and a NaN q_hat said apart
     }
-    gid_type = con.execute(f"DESCRIBE SELECT gid FROM {mask}").fetchone()[1]  # as the SQL's gid
-    with columns.registered(con, cols) as reg:
-        con.execute(
-            f"CREATE TEMP TABLE {table} AS SELECT gid::{gid_type} AS gid, rep::BIGINT AS rep, "
-            "n_cal::BIGINT AS n_cal, k_order::BIGINT AS k_order, "
-            f"CASE WHEN q_nan THEN 'nan'::DOUBLE ELSE q END AS q_hat FROM {reg}"
-        )
+    _create_from_columns(
+        con,
+        table,
+        mask,
+        cols,
+        "rep::BIGINT AS rep, n_cal::BIGINT AS n_cal, k_order::BIGINT AS k_order, "
+        "CASE WHEN q_nan THEN 'nan'::DOUBLE ELSE q END AS q_hat",
+    )
     return True
+
+
+def _create_from_columns(
+    con: duckdb.DuckDBPyConnection, table: str, mask: str, cols: columns.Columns, select: str
+) -> None:
+    """Create TEMP ``table`` from numpy's ``cols``: their gid cast to the type of the mask table
+    ``mask``'s gid (what the SQL's rows of the same table carry), then ``select`` over the other
+    columns (their SQL types)."""
+    gid_type = con.execute(f"DESCRIBE SELECT gid FROM {mask}").fetchone()[1]
+    with columns.registered(con, cols) as reg:
+        con.execute(f"CREATE TEMP TABLE {table} AS SELECT gid::{gid_type} AS gid, {select} FROM {reg}")
 
 
 def _test_rep_table(
@@ -1556,14 +1568,9 @@ def _numpy_test_rep_table(
         if sums:
             np.add.at(total, at, np.concatenate([s[name] for s in sums]))
         cols[name] = total.ravel()
-    gid_type = con.execute(f"DESCRIBE SELECT gid FROM {mask}").fetchone()[1]  # as the SQL's gid
     cov_sql = "cov::BIGINT" if cov is not None else "NULL::BIGINT"
     sums_sql = ", ".join(f"{name}::BIGINT AS {name}" for name in split_test_sums.SUMS)
-    with columns.registered(con, cols) as reg:
-        con.execute(
-            f"CREATE TEMP TABLE {table} AS SELECT gid::{gid_type} AS gid, {cov_sql} AS cov, "
-            f"rep::BIGINT AS rep, {sums_sql} FROM {reg}"
-        )
+    _create_from_columns(con, table, mask, cols, f"{cov_sql} AS cov, rep::BIGINT AS rep, {sums_sql}")
 
 
 def _threshold_query(con: duckdb.DuckDBPyConnection, mask: str, score: str, values: dict) -> str:
