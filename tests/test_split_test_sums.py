@@ -206,6 +206,53 @@ def test_nan_and_null_thresholds_are_reached(facts_store) -> None:
     assert any(nan > 0 for _, nan in specials) and any(null > 0 for null, _ in specials)
 
 
+# a run copy that scores only some labels: no scores at all on about a third of its items (NULL
+# lists: units without option scores or target), and no score for label A on another third (the
+# target unscored wherever A is the item's target)
+_PART = "CASE hash(item_id) % 3 WHEN 0 THEN NULL WHEN 1 THEN list_filter({}) ELSE {} END AS {}"
+PARTIAL_RUN = {
+    "partial": ", ".join(
+        [
+            _PART.format("score_labels, lambda x: x <> 'A'", "score_labels", "score_labels"),
+            _PART.format(
+                "score_logprobs, lambda x, i: score_labels[i] <> 'A'", "score_logprobs", "score_logprobs"
+            ),
+        ]
+    )
+}
+
+
+@pytest.fixture(scope="module")
+def partial_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Facts of a store with the runs of ``facts_store`` plus a run that leaves labels unscored."""
+    return with_run_copies(
+        tmp_path_factory.mktemp("split_test_sums_partial") / "s.duckdb",
+        23,
+        80,
+        {**ROUNDED_AND_NAN_RUNS, **PARTIAL_RUN},
+    )
+
+
+@pytest.mark.parametrize(("by", "params"), CASES, ids=["default", "one-hundred", "strata", "ungrouped"])
+def test_numpy_test_sums_equal_the_sql_with_unscored_labels(partial_store, by, params) -> None:
+    """Records that score no label or not their target's: the same rows from numpy as from the SQL."""
+    metric_names()
+    con = duckdb.connect(str(partial_store.with_name("s.duckdb")), read_only=True)
+    try:
+        none, untargeted = con.execute(
+            """SELECT count(*) FILTER (p.score_labels IS NULL),
+                      count(*) FILTER (NOT list_contains(p.score_labels, i.target_label))
+               FROM predictions p JOIN runs r USING (run_id)
+               JOIN items i ON i.dataset_id = r.dataset_id AND i.config = r.config AND i.item_id = p.item_id
+               WHERE p.run_id LIKE '%-partial'"""
+        ).fetchone()
+    finally:
+        con.close()
+    assert none > 0 and untargeted > 0
+    for score, cov, (rows, differing, np_rows), _, _ in _compare(partial_store, by, params):
+        assert rows == np_rows > 0 and differing == 0, (score, cov)
+
+
 @pytest.mark.parametrize("run_rows", [1, 7, 50])
 def test_numpy_test_sums_in_runs_are_the_same(facts_store, run_rows, monkeypatch) -> None:
     """Units handed over in runs of a few mask rows (a group's units spread over many runs, a run
