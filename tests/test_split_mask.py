@@ -37,6 +37,18 @@ def test_split_hashes_are_splitmix64_outputs() -> None:
         assert split_mask.split_hashes(kb, r).tolist() == [splitmix_output(s, r) for s in SEEDS]
 
 
+@pytest.mark.parametrize("block", [1, 3, len(SEEDS), 64])
+def test_split_hashes_in_blocks_are_the_same(block: int) -> None:
+    """The in-place, block by block hashing of calibration_words gives split_hashes' values, with
+    blocks that divide the keys, leave a short last block, or hold them all."""
+    kb = np.array(SEEDS, dtype=np.uint64)
+    out = np.empty_like(kb)
+    scratch = np.empty(min(block, len(kb)), dtype=np.uint64)
+    for r in (0, 5, 99):
+        got = split_mask._split_hashes_into(kb, r, out, scratch)
+        assert got is out and out.tolist() == split_mask.split_hashes(kb, r).tolist()
+
+
 def test_split_hashes_equal_the_sql_stream() -> None:
     """The SQL that every other unit set uses (``conformal._split_hashes_expr``) gives the same hashes."""
     con = duckdb.connect()
@@ -66,6 +78,17 @@ def brute_force_words(sizes, key_pos, key_rank, run_rank, kb, repeats, num, den)
     return words
 
 
+# calibration_words' two ways of comparing and counting (stratum by stratum against scalars, up to
+# SLICE_STRATA live strata; every unit at once against per-unit bounds, forced here with 0), the
+# second with hash blocks of a few values (blocks cut across strata and across the units' array)
+PATHS = pytest.mark.parametrize(
+    ("slice_strata", "hash_block"),
+    [(split_mask.SLICE_STRATA, split_mask.HASH_BLOCK), (0, 5)],
+    ids=["by-stratum", "all-units-small-blocks"],
+)
+
+
+@PATHS
 @pytest.mark.parametrize(
     ("n_keys", "n_runs", "n_strata", "repeats", "cal"),
     [(40, 3, 4, 7, (3, 10)), (6, 5, 3, 70, (1, 3)), (25, 1, 9, 20, (9, 10)), (12, 4, 12, 5, (1, 100))],
@@ -76,14 +99,17 @@ def brute_force_words(sizes, key_pos, key_rank, run_rank, kb, repeats, num, den)
 )
 @pytest.mark.parametrize("tie_order", [False, True], ids=["shuffled", "tie-ordered"])
 def test_calibration_words_equal_a_full_sort(
-    n_keys, n_runs, n_strata, repeats, cal, window, tie_order, monkeypatch
+    n_keys, n_runs, n_strata, repeats, cal, window, tie_order, slice_strata, hash_block, monkeypatch
 ) -> None:
     """Units are (key, run) pairs, so every key's runs tie on the hash and the tie-break decides; strata
     of one or two units get n_cal 0 or 1 (with 1/100, none). The guessed windows as set, of no
     width (the guess misses nearly always: np.partition selects), one unit wide, and wide enough
     to hold every unit (the window's sort selects every stratum): the same words. The units of a
     stratum in no particular order, or in tie-break order, as conformal.py hands them over (the
-    window's sort by hash alone then keeps tied units in order)."""
+    window's sort by hash alone then keeps tied units in order). Units fewer than twice the keys
+    (one run) are hashed unit by unit, the others hashed by key and gathered: both are here."""
+    monkeypatch.setattr(split_mask, "SLICE_STRATA", slice_strata)
+    monkeypatch.setattr(split_mask, "HASH_BLOCK", hash_block)
     if window is not None:
         monkeypatch.setattr(split_mask, "WINDOW_SD", window[0])
         monkeypatch.setattr(split_mask, "WINDOW_PAD", window[1])
@@ -114,11 +140,16 @@ def test_calibration_words_equal_a_full_sort(
     ids=["empty-and-dead-strata", "wide-strata", "two-words-wide"],
 )
 @pytest.mark.parametrize("tie_order", [False, True], ids=["shuffled", "tie-ordered"])
-def test_calibration_words_equal_a_full_sort_on_fixed_strata(sizes, repeats, cal, tie_order) -> None:
+@PATHS
+def test_calibration_words_equal_a_full_sort_on_fixed_strata(
+    sizes, repeats, cal, tie_order, slice_strata, hash_block, monkeypatch
+) -> None:
     """Fixed strata sizes, so that what the random shapes above may miss is there every time:
     strata with no unit or no calibration unit beside live ones (their flags must not reach the
     live strata's counts), and strata of hundreds of units, where the windows as set hold a few %
     of a stratum and most units are decided by the window's bounds alone."""
+    monkeypatch.setattr(split_mask, "SLICE_STRATA", slice_strata)
+    monkeypatch.setattr(split_mask, "HASH_BLOCK", hash_block)
     rng = np.random.default_rng(sum(sizes) + repeats)
     n_keys, n_runs = 200, 3
     strata = []

@@ -179,7 +179,8 @@ NUMPY_MASK = True
 # 750k units. Stop 38's window selection allocates about 25 bytes a unit more than the partition did
 # (53-61 against 28-36 bytes a unit inside calibration_words at 20-100 repeats, tracemalloc, plus 20
 # for the fetched keys and rowids; benchmarks/RESULTS.md), so a run holds at most 500k units: about
-# the 37 MB that 750k units took before, at any store size. The SQL form, whose time grows faster
+# the 37 MB that 750k units took before, at any store size (stop 41's in-place hashing: 43-50
+# bytes a unit at 100 repeats against 60-66 before, tracemalloc). The SQL form, whose time grows faster
 # than the repeats (its units carry one hash column per repeat: at 4.75M units 4.8 s of one thread
 # for 20 repeats, 51.9 s for 100), is left to the views and the sampling pools
 NUMPY_MASK_CHUNK_UNITS = 500_000

@@ -47,6 +47,37 @@ def split_hashes(kb: np.ndarray, r: int) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _split_hashes_into(kb: np.ndarray, r: int, out: np.ndarray, tmp: np.ndarray) -> np.ndarray:
+    """``split_hashes(kb, r)`` written into ``out`` (returned), a block of ``len(tmp)`` values at a
+    time with ``tmp`` as scratch: no array is allocated per repeat, and each block's eight passes
+    stay in the processor's cache."""
+    add = np.uint64(((r + 1) * _GAMMA) & _M64)
+    step = len(tmp)
+    for a in range(0, len(kb), step):
+        b = min(len(kb), a + step)
+        z, t = out[a:b], tmp[: b - a]
+        np.add(kb[a:b], add, out=z)
+        for shift, mul in ((30, _MUL[0]), (27, _MUL[1])):
+            np.right_shift(z, np.uint64(shift), out=t)
+            np.bitwise_xor(z, t, out=z)
+            np.multiply(z, mul, out=z)
+        np.right_shift(z, np.uint64(31), out=t)
+        np.bitwise_xor(z, t, out=z)
+    return out
+
+
+# values hashed at a time by ``_split_hashes_into`` (its scratch: 256 KiB)
+HASH_BLOCK = 32_768
+
+
+# at most this many strata with calibration units in one call: each repeat compares and counts the
+# units stratum by stratum, against the stratum's two bounds as scalars (four numpy calls per
+# stratum); more strata: one comparison of every unit with per-unit bounds and one reduceat per
+# count (benchmarks/RESULTS.md, stop 41: 400k units, 100 repeats, one thread; stratum by stratum
+# 0.74-0.79 s against 0.85-1.00 at 64 strata, 1.30-1.77 against 1.71-1.77 at 256, about the same at 512)
+SLICE_STRATA = 256
+
+
 def n_cal(n: int, cal_num: int, cal_den: int) -> int:
     """round_half_up(cal_num / cal_den * n) in integers, as ``conf_mask.sql`` computes it."""
     return (2 * cal_num * n + cal_den) // (2 * cal_den)
@@ -90,7 +121,12 @@ def calibration_words(
     the few window units (a few % of each stratum). That holds wherever the window holds the cutoff
     (units below lo <= n_cal <= units up to hi), which the counts check; a stratum where it does not
     is selected in that repeat by ``np.partition`` (``_select``), as every stratum was before stop 38.
-    Same words either way, bit for bit (tests: a full sort of each stratum in plain Python).
+    Same words either way, bit for bit (tests: a full sort of each stratum in plain Python). Up to
+    ``SLICE_STRATA`` strata the comparisons and counts run stratum by stratum against scalar bounds;
+    beyond, against per-unit bounds in one call each. The hashes are computed in place, a block at
+    a time (``_split_hashes_into``), of the units' own key bases or of the keys, whichever are fewer
+    by half: stop 41 measured the two changes 30-50% faster than one array operation at a time
+    (benchmarks/RESULTS.md), with the same words.
 
     Memory: besides the words, a few arrays of one value per unit live at a time (the hashes of a
     repeat, each unit's window bounds and stratum, comparison flags); the process holding it runs
@@ -107,31 +143,55 @@ def calibration_words(
         return words
     stratum = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)  # each unit's stratum
     lo, hi = _windows(sizes[live], cuts[live])
-    in_live = np.zeros(len(sizes), dtype=bool)
-    in_live[live] = True
-    unit_live = in_live[stratum]
-    lo_u = np.zeros(len(sizes), dtype=np.uint64)
-    hi_u = np.zeros(len(sizes), dtype=np.uint64)
-    lo_u[live], hi_u[live] = lo, hi
-    lo_u, hi_u = lo_u[stratum], hi_u[stratum]  # per unit: its stratum's window (0, 0: none)
     live_starts, live_cuts = starts[live], cuts[live]
     need = np.zeros(len(sizes), dtype=np.int64)
-    cal = np.empty(n_units, dtype=bool)  # this repeat's calibration flags
-    upto = np.empty(n_units, dtype=bool)
+    cal = np.zeros(n_units, dtype=bool)  # this repeat's calibration flags
+    upto = np.zeros(n_units, dtype=bool)
     byte = np.zeros(n_units, dtype=np.uint8)  # 8 repeats' flags, bit r % 8 = repeat r
     shifted = np.empty(n_units, dtype=np.uint8)
+    few = len(live) <= SLICE_STRATA
+    if few:  # compared and counted stratum by stratum, against its bounds as scalars
+        spans = [(int(starts[i]), int(ends[i])) for i in live.tolist()]
+        # the flags of strata without calibration units are never written: False throughout
+        n_below = np.zeros(len(live), dtype=np.int64)
+        n_upto = np.zeros(len(live), dtype=np.int64)
+        lo_s, hi_s = list(lo), list(hi)  # numpy uint64 scalars
+    else:  # every unit at once, against its stratum's bounds spread to the units
+        in_live = np.zeros(len(sizes), dtype=bool)
+        in_live[live] = True
+        unit_live = in_live[stratum]
+        lo_u = np.zeros(len(sizes), dtype=np.uint64)
+        hi_u = np.zeros(len(sizes), dtype=np.uint64)
+        lo_u[live], hi_u[live] = lo, hi
+        lo_u, hi_u = lo_u[stratum], hi_u[stratum]  # per unit: its stratum's window (0, 0: none)
+    # the units' hashes, each repeat: of every unit's own key base where units are fewer than twice
+    # the keys (hashing costs about what gathering does), else of the keys, gathered to the units
+    per_unit = n_units < 2 * len(kb)
+    base = kb[key_pos] if per_unit else kb
+    z, tmp = np.empty(len(base), dtype=np.uint64), np.empty(min(len(base), HASH_BLOCK), dtype=np.uint64)
+    h = z if per_unit else np.empty(n_units, dtype=np.uint64)
     for r in range(repeats):
-        h = split_hashes(kb, r)[key_pos]  # the units' hashes
-        np.less(h, lo_u, out=cal)
-        np.less_equal(h, hi_u, out=upto)
-        cal &= unit_live
-        upto &= unit_live
-        n_below = np.add.reduceat(cal, live_starts, dtype=np.int64)
-        n_upto = np.add.reduceat(upto, live_starts, dtype=np.int64)
-        # reduceat sums to the next live start; strata between live ones have no flag set, so
-        # these are each live stratum's own counts
+        _split_hashes_into(base, r, z, tmp)
+        if not per_unit:  # gathered a block at a time: numpy's index conversion stays a block long
+            for a in range(0, n_units, HASH_BLOCK):
+                np.take(z, key_pos[a : a + HASH_BLOCK], out=h[a : a + HASH_BLOCK])
+        if few:
+            for j, (a, b) in enumerate(spans):
+                np.less(h[a:b], lo_s[j], out=cal[a:b])
+                np.less_equal(h[a:b], hi_s[j], out=upto[a:b])
+                n_below[j] = np.count_nonzero(cal[a:b])
+                n_upto[j] = np.count_nonzero(upto[a:b])
+        else:
+            np.less(h, lo_u, out=cal)
+            np.less_equal(h, hi_u, out=upto)
+            cal &= unit_live
+            upto &= unit_live
+            n_below = np.add.reduceat(cal, live_starts, dtype=np.int64)
+            n_upto = np.add.reduceat(upto, live_starts, dtype=np.int64)
+            # reduceat sums to the next live start; strata between live ones have no flag set, so
+            # these are each live stratum's own counts
         held = (n_below <= live_cuts) & (live_cuts <= n_upto)
-        upto &= ~cal  # the window's units
+        np.bitwise_xor(upto, cal, out=upto)  # the window's units (lo <= hi: cal is within upto)
         if not held.all():  # the guess missed: that stratum is selected in full, not by its window
             for i in np.flatnonzero(~held).tolist():
                 a, b = int(starts[live[i]]), int(ends[live[i]])
