@@ -19,7 +19,9 @@ Each timed step also reports its CPU seconds (user + system, all threads): on a 
 wall time swings with other jobs, CPU time much less. Peak RSS is reported twice: for the whole
 run (dominated by building the synthetic store, not by the import) and for the import alone
 (Linux: the high-water mark is reset just before it through /proc/self/clear_refs; elsewhere the
-import figure is the whole-run one).
+import figure is the whole-run one). The import's line also says how much CPU time the host
+stole and other processes used while it ran (/proc/stat), which tells a slow machine from a
+slower import.
 Prints a table and writes benchmarks/results/import.json.
 """
 
@@ -36,7 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from procstats import cpu_s, peak_mib, reset_peak
+from procstats import cpu_s, machine_cpu_s, machine_delta, peak_mib, reset_peak
 
 
 def main() -> int:
@@ -99,9 +101,11 @@ def main() -> int:
     # where the high-water mark cannot be reset it never falls, so the import's reading below is
     # then already the whole run's so far (setup included), as the docstring says
     reset_peak()
-    c0, t0 = cpu_s(), time.perf_counter()
+    c0, t0, m0 = cpu_s(), time.perf_counter(), machine_cpu_s()
     res = import_predictions(con, src)
     import_s, import_cpu = time.perf_counter() - t0, cpu_s() - c0
+    # what the rest of the machine did during the import: the host's steal, other processes' CPU
+    machine = machine_delta(m0, machine_cpu_s())
     import_peak_mib = peak_mib()
     assert res.added == rows, res
     # raw store write, same rows, with and without the resume bookkeeping
@@ -154,6 +158,8 @@ def main() -> int:
         "setup_peak_rss_mib": setup_peak_mib,
         "import_peak_rss_mib": import_peak_mib,
         "loadavg_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "import_machine_steal_s": machine and machine["steal"],
+        "import_machine_others_s": machine and max(0.0, machine["busy"] - import_cpu),
     }
     print(f"{'path':<44} {'seconds':>9} {'rows/s':>12} {'CPU s':>7}")
     label = f"import (parse + validate + insert), {args.format}"
@@ -168,6 +174,11 @@ def main() -> int:
         f"(import alone {import_peak_mib:.0f} MiB, building the store {setup_peak_mib:.0f} MiB); "
         f"{rows:,} rows, JSONL {out['jsonl_mb']:.0f} MB"
     )
+    if machine is not None:
+        print(
+            f"during the import: steal {machine['steal']:.2f} s, other processes "
+            f"{out['import_machine_others_s']:.2f} s (CPU s, all cores)"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     if args.keep:

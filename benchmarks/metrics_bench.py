@@ -53,7 +53,9 @@ shared 2-core machine moves by a fifth between runs minutes apart (benchmarks/RE
 13), so whether a goal holds is a question about the spread, which one command should answer. The
 load averages (1, 5 and 15 minutes) include this benchmark's own earlier runs (the reference keeps
 a core busy for a minute or more), so on an otherwise idle machine they sit near 1: they show
-other work only where they rise above that.
+other work only where they rise above that. Each run's line also shows, from /proc/stat, the
+host's steal time and the CPU time of every other process while the DuckDB child ran: a run that
+is slow for either reason says so, where a load average only says that something was busy.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -75,7 +78,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from procstats import cpu_s, peak_mib, status_kib
+from procstats import cpu_s, machine_cpu_s, machine_delta, peak_mib, status_kib
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -411,6 +414,12 @@ def child_reference(
     res.save({"total_s": total, "cpu_s": cpu, "baseline_rss_mib": base_mib})
 
 
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's waited-for children so far (all their threads)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_child(
     kind: str,
     store: Path,
@@ -435,14 +444,21 @@ def run_child(
         *(["--jobs", str(jobs)] if jobs is not None else []),
         *(["--conformal-repeats", str(conformal_repeats)] if conformal_repeats is not None else []),
     ]
-    t0 = time.perf_counter()
+    t0, m0, c0 = time.perf_counter(), machine_cpu_s(), _children_cpu_s()
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+    wall, machine = time.perf_counter() - t0, machine_delta(m0, machine_cpu_s())
+    child_cpu = _children_cpu_s() - c0  # the whole child: its imports too, which cpu_s leaves out
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr)
         raise SystemExit(f"{kind} child failed with status {proc.returncode}")
     info = json.loads((outdir / "timings.json").read_text())
     info["process_wall_s"] = wall
+    if machine is not None:
+        # while the child ran (its start and imports included): the host's steal, and the CPU time
+        # of every other process (the machine's busy time less the whole child's; this parent only
+        # waits). Either one, when large, is why a run took longer than its CPU time would say
+        info["machine_steal_s"] = machine["steal"]
+        info["machine_others_s"] = max(0.0, machine["busy"] - child_cpu)
     return info
 
 
@@ -719,7 +735,10 @@ def main() -> int:
         f"{sum(m['comparison'].get('mismatches') or 0 for m in per_metric) if compared else '-':>9}"
     )
     for kind, r in runs.items():
-        print(f"{kind}: wall {r['total_s']:,.1f} s, CPU {r['cpu_s']:,.1f} s (user + system, all threads)")
+        print(
+            f"{kind}: wall {r['total_s']:,.1f} s, CPU {r['cpu_s']:,.1f} s (user + system, all threads)"
+            + _machine_text(r)
+        )
     for kind, r in runs.items():
         print(
             f"peak RSS {kind}: {r['peak_rss_mib']:,.0f} MiB (after imports {r['baseline_rss_mib']:,.0f} MiB)"
@@ -821,6 +840,10 @@ def _run_record(
         "uncompared": [n for n in names if compared.get(n, {}).get("mismatches") is None] if both else [],
         "errors": sorted({n for r in runs.values() for n in r["errors"]}),
         "retried": list(duck.get("retried", [])) if duck else [],
+        "duckdb_steal_s": duck.get("machine_steal_s") if duck else None,
+        "duckdb_others_s": duck.get("machine_others_s") if duck else None,
+        "reference_steal_s": refr.get("machine_steal_s") if refr else None,
+        "reference_others_s": refr.get("machine_others_s") if refr else None,
     }
 
 
@@ -833,7 +856,7 @@ def _print_repeats(repeats: list[dict], store_mib: float) -> bool:
     """The table of ``--repeat``'s runs and its summary; returns whether any run failed a check."""
     print(f"\n{len(repeats)} runs over this store (run 1 is the one above; the paths' order alternates):")
     hdr = f"{'run':>3}  {'load before':<16} {'first':<9} {'duckdb s':>9} {'ref s':>8} {'ratio':>7} "
-    hdr += f"{'mismatch':>9} {'peak RSS':>9}"
+    hdr += f"{'mismatch':>9} {'peak RSS':>9} {'steal s':>8} {'others s':>9}"
     print(hdr)
     for r in repeats:
         load = " ".join(f"{x:.2f}" for x in r["loadavg_before"])
@@ -841,7 +864,8 @@ def _print_repeats(repeats: list[dict], store_mib: float) -> bool:
         print(
             f"{r['run']:>3}  {load:<16} {r['order'][0]:<9} {_f(r['duckdb_s']):>9} {_f(r['reference_s']):>8} "
             f"{_f(r['ratio'], 2):>7} {r['mismatches'] if r['mismatches'] is not None else '-':>9} "
-            f"{'-' if peak is None else f'{peak:,.0f} MiB':>9}"
+            f"{'-' if peak is None else f'{peak:,.0f} MiB':>9} {_f(r.get('duckdb_steal_s')):>8} "
+            f"{_f(r.get('duckdb_others_s')):>9}"
             + (f"  FAILED: {', '.join(r['errors'])}" if r["errors"] else "")
             + (f"  RUN AGAIN ALONE (out of memory): {', '.join(r['retried'])}" if r.get("retried") else "")
             + (f"  NOT COMPARED: {', '.join(r['uncompared'])}" if r["uncompared"] else "")
@@ -863,6 +887,16 @@ def _print_repeats(repeats: list[dict], store_mib: float) -> bool:
             f"peak RSS at or above the store file ({store_mib:,.0f} MiB) in {over} of {len(walls)} runs"
         )
     return any(_run_failed(r) for r in repeats)
+
+
+def _machine_text(r: dict[str, Any]) -> str:
+    """What the rest of the machine did during a child's run (``run_child``), for its summary line."""
+    if r.get("machine_steal_s") is None:
+        return ""
+    return (
+        f"; meanwhile steal {r['machine_steal_s']:,.1f} s, other processes {r['machine_others_s']:,.1f} s "
+        f"(CPU s, all cores, child start included)"
+    )
 
 
 def _run_failed(r: dict[str, Any]) -> bool:

@@ -58,10 +58,12 @@ def test_repeat_runs_both_paths_again_in_alternating_order(tmp_path: Path) -> No
         assert r["mismatches"] == 0 and r["uncompared"] == [] and r["errors"] == []
         assert r["ratio"] == pytest.approx(r["reference_s"] / r["duckdb_s"])
         assert len(r["loadavg_before"]) == 3 and r["duckdb_peak_rss_mib"] > 0
+        assert r["duckdb_steal_s"] >= 0 and r["duckdb_others_s"] >= 0 and r["reference_steal_s"] >= 0
     # run 1 is the run the per-metric table and the top-level fields describe
     assert runs[0]["ratio"] == got["ratio"] and runs[0]["duckdb_s"] == got["total_duckdb_s"]
     median = statistics.median(r["ratio"] for r in runs)
     assert f"ratio over 2 runs: median {median:.2f}x" in res.stdout
+    assert "steal s" in res.stdout and "meanwhile steal" in res.stdout
     assert got["targets"]["ratio_ge_20_every_run"] == all(r["ratio"] >= 20 for r in runs)
 
 
@@ -89,6 +91,11 @@ def test_a_repeat_with_a_mismatch_or_an_uncompared_metric_fails(capsys) -> None:
     assert "NOT COMPARED: aurc" in shown and "FAILED: aurc" in shown
     assert "RUN AGAIN ALONE (out of memory): conformal_aps" in shown
     assert "2 of 2 at >= 20x" in shown
+    # what the rest of the machine did while a run's DuckDB child ran: its own two columns
+    bench._print_repeats([{**ok, "duckdb_steal_s": 3.25, "duckdb_others_s": 0.5}], 400.0)
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, text in enumerate(lines) if text.rstrip().endswith("steal s  others s"))
+    assert lines[header + 1].split()[-2:] == ["3.25", "0.50"]
     # a record of a run whose comparison is missing a metric: uncompared, not silently 0
     rec = bench._run_record(
         3,
@@ -141,3 +148,28 @@ def test_the_reference_splits_as_often_as_the_package(monkeypatch: pytest.Monkey
     monkeypatch.syspath_prepend(str(BENCH))
     ref = importlib.import_module("metrics_reference")
     assert ref.REPEATS == COMMON_PARAMS["repeats"] == 100
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc/stat (Linux)")
+def test_machine_busy_time_counts_another_process() -> None:
+    """procstats.machine_cpu_s: a child that spins on one core for a while shows in the machine's
+    busy time by at least (nearly) its own CPU time, as the kernel counts it for the child, and
+    steal and idle never go backwards."""
+    import resource
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import procstats
+    finally:
+        sys.path.remove(str(BENCH))
+    before, c0 = procstats.machine_cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True, timeout=60)
+    delta = procstats.machine_delta(before, procstats.machine_cpu_s())
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    child = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+    assert child >= 0.6
+    # ticks are 1/100 s on each core: a few of them of slack
+    assert delta is not None and delta["busy"] >= child - 0.05
+    assert delta["steal"] >= 0 and delta["idle"] >= 0
+    assert procstats.machine_delta(None, before) is None
