@@ -22,8 +22,9 @@ of whole strata at a time (``conformal.NUMPY_MASK_CHUNK_UNITS``: these arrays ar
 memory cap).
 
 Nothing here loops over units in Python: the loop is over repeats, each step a few vectorized
-numpy operations over all the units handed over (every stratum at once), plus a step per stratum
-only where a stratum's guessed window missed its cutoff (``calibration_words``).
+numpy operations over all the units handed over (over each stratum's slice where the strata are
+at most ``SLICE_STRATA``, over every stratum at once beyond), plus a step per stratum only where
+a stratum's guessed window missed its cutoff (``calibration_words``).
 """
 
 from __future__ import annotations
@@ -125,8 +126,9 @@ def calibration_words(
     ``SLICE_STRATA`` strata the comparisons and counts run stratum by stratum against scalar bounds;
     beyond, against per-unit bounds in one call each. The hashes are computed in place, a block at
     a time (``_split_hashes_into``), of the units' own key bases or of the keys, whichever are fewer
-    by half: stop 41 measured the two changes 30-50% faster than one array operation at a time
-    (benchmarks/RESULTS.md), with the same words.
+    by half: on stop 41's synthetic chunks of 400k units, 100 repeats, 12-16% faster than one
+    array operation at a time at 400 strata and 27-49% at 1-64 (benchmarks/RESULTS.md), with the
+    same words.
 
     Memory: besides the words, a few arrays of one value per unit live at a time (the hashes of a
     repeat, each unit's window bounds and stratum, comparison flags); the process holding it runs
