@@ -41,11 +41,10 @@ _M64 = (1 << 64) - 1
 def split_hashes(kb: np.ndarray, r: int) -> np.ndarray:
     """h_r of every key base ``kb`` (uint64): output r + 1 of SplitMix64 seeded with it, i.e.
     z = kb + (r + 1) * gamma, z = (z ^ z >> 30) * m1, z = (z ^ z >> 27) * m2, h = z ^ z >> 31, all
-    mod 2**64 (numpy's uint64 arithmetic wraps, which is the mod)."""
-    z = kb + np.uint64(((r + 1) * _GAMMA) & _M64)
-    z = (z ^ (z >> np.uint64(30))) * _MUL[0]
-    z = (z ^ (z >> np.uint64(27))) * _MUL[1]
-    return z ^ (z >> np.uint64(31))
+    mod 2**64 (numpy's uint64 arithmetic wraps, which is the mod), as a new array; computed by
+    ``_split_hashes_into``, the one copy of the arithmetic."""
+    scratch = np.empty(max(1, min(len(kb), HASH_BLOCK)), dtype=np.uint64)
+    return _split_hashes_into(kb, r, np.empty(len(kb), dtype=np.uint64), scratch)
 
 
 def _split_hashes_into(kb: np.ndarray, r: int, out: np.ndarray, tmp: np.ndarray) -> np.ndarray:
