@@ -105,7 +105,7 @@ def main() -> int:
     res = import_predictions(con, src)
     import_s, import_cpu = time.perf_counter() - t0, cpu_s() - c0
     # what the rest of the machine did during the import: the host's steal, other processes' CPU
-    machine = machine_delta(m0, machine_cpu_s())
+    machine = machine_delta(m0, machine_cpu_s(), import_cpu)
     import_peak_mib = peak_mib()
     assert res.added == rows, res
     # raw store write, same rows, with and without the resume bookkeeping
@@ -159,7 +159,7 @@ def main() -> int:
         "import_peak_rss_mib": import_peak_mib,
         "loadavg_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "import_machine_steal_s": machine and machine["steal"],
-        "import_machine_others_s": machine and max(0.0, machine["busy"] - import_cpu),
+        "import_machine_others_s": machine and machine["others"],
     }
     print(f"{'path':<44} {'seconds':>9} {'rows/s':>12} {'CPU s':>7}")
     label = f"import (parse + validate + insert), {args.format}"

@@ -65,7 +65,6 @@ import json
 import math
 import os
 import platform
-import resource
 import shutil
 import statistics
 import subprocess
@@ -78,7 +77,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from procstats import cpu_s, machine_cpu_s, machine_delta, peak_mib, status_kib
+from procstats import children_cpu_s, cpu_s, machine_cpu_s, machine_delta, peak_mib, status_kib
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -414,12 +413,6 @@ def child_reference(
     res.save({"total_s": total, "cpu_s": cpu, "baseline_rss_mib": base_mib})
 
 
-def _children_cpu_s() -> float:
-    """User + system CPU seconds of this process's waited-for children so far (all their threads)."""
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
 def run_child(
     kind: str,
     store: Path,
@@ -444,10 +437,11 @@ def run_child(
         *(["--jobs", str(jobs)] if jobs is not None else []),
         *(["--conformal-repeats", str(conformal_repeats)] if conformal_repeats is not None else []),
     ]
-    t0, m0, c0 = time.perf_counter(), machine_cpu_s(), _children_cpu_s()
+    t0, m0, c0 = time.perf_counter(), machine_cpu_s(), children_cpu_s()
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall, machine = time.perf_counter() - t0, machine_delta(m0, machine_cpu_s())
-    child_cpu = _children_cpu_s() - c0  # the whole child: its imports too, which cpu_s leaves out
+    wall, m1 = time.perf_counter() - t0, machine_cpu_s()
+    # the whole child's CPU time: its imports too, which its own cpu_s leaves out
+    machine = machine_delta(m0, m1, children_cpu_s() - c0)
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout + proc.stderr)
         raise SystemExit(f"{kind} child failed with status {proc.returncode}")
@@ -458,7 +452,7 @@ def run_child(
         # of every other process (the machine's busy time less the whole child's; this parent only
         # waits). Either one, when large, is why a run took longer than its CPU time would say
         info["machine_steal_s"] = machine["steal"]
-        info["machine_others_s"] = max(0.0, machine["busy"] - child_cpu)
+        info["machine_others_s"] = machine["others"]
     return info
 
 

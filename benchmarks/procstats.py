@@ -41,6 +41,13 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def children_cpu_s() -> float:
+    """User + system CPU seconds of this process's waited-for children so far (all their threads):
+    a child's whole run, its start and imports included."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 # the fields of /proc/stat's "cpu" line, in order (Linux >= 2.6.11); guest time is already in user
 _STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
@@ -65,8 +72,14 @@ def machine_cpu_s() -> dict[str, float] | None:
     return {"busy": busy, "steal": ticks.get("steal", 0.0), "idle": ticks.get("idle", 0.0)}
 
 
-def machine_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
-    """``after`` minus ``before`` (two ``machine_cpu_s`` readings), field by field; None if either is."""
+def machine_delta(
+    before: dict[str, float] | None, after: dict[str, float] | None, own_cpu_s: float
+) -> dict[str, float] | None:
+    """``after`` minus ``before`` (two ``machine_cpu_s`` readings), field by field, plus ``others``:
+    the busy time less ``own_cpu_s``, the CPU time of the work timed between the readings (at
+    least 0: /proc/stat counts in ticks). None if either reading is."""
     if before is None or after is None:
         return None
-    return {k: after[k] - before[k] for k in before}
+    delta = {k: after[k] - before[k] for k in before}
+    delta["others"] = max(0.0, delta["busy"] - own_cpu_s)
+    return delta

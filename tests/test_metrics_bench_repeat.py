@@ -166,13 +166,17 @@ def test_machine_busy_time_counts_another_process() -> None:
     before, c0 = bench.machine_cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
     spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
     subprocess.run([sys.executable, "-c", spin], check=True, timeout=60)
-    delta = bench.machine_delta(before, bench.machine_cpu_s())
+    reading = bench.machine_cpu_s()
     elapsed = time.monotonic() - t0
     c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     child = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+    delta = bench.machine_delta(before, reading, child)
     assert child >= 0.6
     # ticks are 1/100 s on each core: a few of them of slack
     assert delta is not None and delta["busy"] >= child - 0.05
     cores = os.cpu_count() or 1
     assert delta["busy"] + delta["idle"] + delta["steal"] <= elapsed * cores + 0.05 * cores
-    assert bench.machine_delta(None, before) is None
+    assert bench.machine_delta(None, before, 0.0) is None
+    # others: the busy time less the timed work's own CPU, never below 0
+    assert delta["others"] == pytest.approx(max(0.0, delta["busy"] - child))
+    assert bench.machine_delta(before, reading, delta["busy"] + 5.0)["others"] == 0.0
