@@ -1,4 +1,4 @@
-"""Schemas v2 / v3 and `equipoise store migrate`: an older store is refused with the one command that
+"""Schemas v2 / v3 / v4 and `equipoise store migrate`: an older store is refused with the one command that
 upgrades it, the upgrade is atomic, and every metric is identical before and after it."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_migrate_gives_identical_metrics_and_adds_parent_run_id(tmp_path: Path) 
     assert f"v1 -> v{st.SCHEMA_VERSION}" in r.output
     assert not path.with_name(path.name + ".migrating").exists()
     con = st.connect(path, read_only=True)
-    assert st.store_version(con) == st.SCHEMA_VERSION == 3
+    assert st.store_version(con) == st.SCHEMA_VERSION == 4
     assert {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in V1_TABLES} == counts
     cols = [r[0] for r in con.execute("DESCRIBE runs").fetchall()]
     assert cols[-1] == "parent_run_id"
@@ -88,7 +88,7 @@ def test_migrate_gives_identical_metrics_and_adds_parent_run_id(tmp_path: Path) 
     assert sum(len(df) for df in before.values()) > 100  # the metrics saw data
     for name in before:
         pd.testing.assert_frame_equal(before[name], after[name], obj=name)
-    # a second migrate is a no-op; a v3 store opens for writing and stays v3
+    # a second migrate is a no-op; a current store opens for writing and stays current
     r = CliRunner().invoke(app, ["store", "migrate", str(path)])
     assert r.exit_code == 0 and "nothing to do" in r.output
     st.connect(path).close()
@@ -107,7 +107,7 @@ def test_failed_migration_leaves_the_store_untouched(tmp_path: Path, monkeypatch
     assert _sha(path) == sha
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.duckdb", "v1.duckdb"]
     monkeypatch.undo()
-    assert st.migrate_store(path) == (1, 3)
+    assert st.migrate_store(path) == (1, st.SCHEMA_VERSION)
 
 
 def test_v2_store_migrates_its_option_scores_onto_the_prediction_rows(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_v2_store_migrates_its_option_scores_onto_the_prediction_rows(tmp_path: 
     before = _all_metrics(con)
     scores = con.execute("SELECT * FROM option_scores ORDER BY ALL").fetchall()
     con.close()
-    assert st.migrate_store(path) == (2, 3)
+    assert st.migrate_store(path) == (2, st.SCHEMA_VERSION)
     con = st.connect(path, read_only=True)
     assert con.execute("SELECT * FROM option_scores ORDER BY ALL").fetchall() == scores
     kinds = dict(

@@ -37,6 +37,19 @@ repeated the sample's run and item ids, which made their append about as costly 
 own (0.63-0.72 s of a 2.0-2.4 s import of 1M records; benchmarks/RESULTS.md, stops 31-32). Writers
 still hand the store ``OptionScoreRow`` rows or a long Arrow table; the store folds them into the
 lists (:func:`insert_batch`, :func:`insert_table`).
+
+Schema v4 gives each item its option labels as bits: ``items.option_bits`` has the bit of every
+label the item offers and ``items.abstain_bits`` those of its abstain options, a label's bit being
+its position in :data:`OPTION_LABELS` (NULL where an option's label is not in that list, or the
+item has no option). Why: every import checks each record's labels against its item's options, and
+grouping the options per item on every import cost about a fifth of a 1M-record import (0.30 of
+1.84 s; benchmarks/RESULTS.md, stop 42); the bits are derived once, when options are written
+(:func:`insert_batch` refreshes those of the items a batch touches). They are a cache of
+``options``, never an input, and ``store_meta`` records how many option rows they were computed
+from (key :data:`OPTION_BITS_KEY`): the importer refreshes them all (:func:`ensure_option_bits`)
+whenever ``options`` holds another number of rows, which a plain-SQL insert or delete causes. A
+plain-SQL ``UPDATE`` of an option's label or role keeps the count and is not seen: after one, call
+:func:`refresh_option_bits`.
 """
 
 from __future__ import annotations
@@ -57,7 +70,53 @@ from equipoise.schemas.features import to_table
 if TYPE_CHECKING:  # the writers get Arrow tables from their callers; a reader never imports pyarrow
     import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+
+# The labels an item's options may carry with a bit of their own (schema v4, ``items.option_bits``):
+# the letters of MCQ options, then the three answers of a determinability case. Append only: a
+# label's bit is its position, stored in every item row, so reordering would need a migration that
+# recomputes them (appending one only leaves the items that use it NULL until they are refreshed).
+OPTION_LABELS: tuple[str, ...] = (
+    *(chr(ord("A") + i) for i in range(26)),
+    "Met",
+    "Not met",
+    "Unable to determine",
+)
+OPTION_LABEL_BITS: dict[str, int] = {label: 1 << b for b, label in enumerate(OPTION_LABELS)}
+# an option's bit in SQL (NULL for a label without one)
+_LABEL_BIT = "CASE label " + " ".join(f"WHEN '{k}' THEN {v}" for k, v in OPTION_LABEL_BITS.items()) + " END"
+
+
+def option_bits_sql(where: str = "") -> str:
+    """The option bits of each item that has options, from ``options`` filtered by ``where`` (a
+    ``WHERE`` clause or ""): both columns NULL when any of the item's labels has no bit."""
+    known = f"count(*) = count({_LABEL_BIT})"
+    return f"""
+        SELECT dataset_id, config, item_id,
+               CASE WHEN {known} THEN bit_or({_LABEL_BIT}) END AS option_bits,
+               CASE WHEN {known} THEN coalesce(bit_or({_LABEL_BIT}) FILTER (WHERE role = 'abstain'), 0)
+               END AS abstain_bits
+        FROM options {where}
+        GROUP BY dataset_id, config, item_id"""
+
+
+def _update_bits_sql(where: str = "") -> str:
+    """Set the option bits of the items that ``where`` selects (a ``WHERE`` clause on dataset_id,
+    config and item_id, applied to items and options alike; "" for every item): NULL for an item
+    left without options."""
+    return f"""
+        UPDATE items SET option_bits = b.option_bits, abstain_bits = b.abstain_bits
+        FROM (SELECT k.dataset_id, k.config, k.item_id, g.option_bits, g.abstain_bits
+              FROM (SELECT dataset_id, config, item_id FROM items {where}) k
+              LEFT JOIN ({option_bits_sql(where)}) g USING (dataset_id, config, item_id)) b
+        WHERE items.dataset_id = b.dataset_id AND items.config = b.config AND items.item_id = b.item_id"""
+
+
+# the store_meta key under which the number of option rows the option bits were computed from is kept
+OPTION_BITS_KEY = "option_bits_rows"
+_RECORD_BITS = (
+    f"INSERT OR REPLACE INTO store_meta VALUES ('{OPTION_BITS_KEY}', (SELECT count(*) FROM options)::VARCHAR)"
+)
 
 # the view that shows the option scores of schema v3 as the long table of v1 / v2
 OPTION_SCORES_VIEW = """
@@ -240,6 +299,16 @@ MIGRATIONS: list[tuple[int, str]] = [
         ALTER TABLE predictions_v3 RENAME TO predictions;
         DROP TABLE option_scores;
         {OPTION_SCORES_VIEW};
+        """,
+    ),
+    (
+        4,
+        f"""
+        -- each item's option labels as bits (module docstring), computed from the stored options
+        ALTER TABLE items ADD COLUMN option_bits BIGINT;   -- bit of every offered label
+        ALTER TABLE items ADD COLUMN abstain_bits BIGINT;  -- bits of the abstain options' labels
+        {_update_bits_sql()};
+        {_RECORD_BITS};
         """,
     ),
 ]
@@ -1145,6 +1214,21 @@ def insert_batch(
         if scores:
             predictions = [t for name, t, _, _ in todo if name == "predictions"]
             _attach_remaining_scores(con, predictions if all_appended else [])
+        # the option bits of every item the batch wrote or gave options to, in the same transaction
+        touched = [t.select(_ITEM_KEY) for name, t, _, _ in todo if name in ("items", "options")]
+        if touched:
+            import pyarrow as pa  # a writer's import (module note on pyarrow)
+
+            string = pa.schema([(c, pa.string()) for c in _ITEM_KEY])
+            con.register("_touched_items", pa.concat_tables([t.cast(string) for t in touched]))
+            try:
+                # each key column among the touched ones: a superset of the touched items (an item
+                # of another config with a touched id), each recomputed from its own options
+                among = " AND ".join(f"{c} IN (SELECT {c} FROM _touched_items)" for c in _ITEM_KEY)
+                con.execute(_update_bits_sql(f"WHERE {among}")).fetchall()
+                con.execute(_RECORD_BITS).fetchall()
+            finally:
+                con.unregister("_touched_items")
         for name, columns, query, append_only in selects:
             if append_only is not None:
                 plain = append_only
@@ -1159,6 +1243,36 @@ def insert_batch(
     except Exception:
         con.execute("ROLLBACK")
         raise
+
+
+_ITEM_KEY = ["dataset_id", "config", "item_id"]  # an item's key, in items and in options
+
+
+def option_bits_current(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether ``options`` holds the number of rows the option bits were last computed from (a
+    count DuckDB answers from its metadata: no scan)."""
+    query = "SELECT value = (SELECT count(*) FROM options)::VARCHAR FROM store_meta WHERE key = ?"
+    got = con.execute(query, [OPTION_BITS_KEY]).fetchall()
+    return bool(got and got[0][0])
+
+
+def refresh_option_bits(con: duckdb.DuckDBPyConnection) -> None:
+    """Recompute every item's option bits from ``options`` and record the rows they came from.
+    The count is recorded after the bits are written: a crash between the two only means another
+    refresh next time."""
+    con.execute(_update_bits_sql()).fetchall()
+    con.execute(_RECORD_BITS).fetchall()
+
+
+def ensure_option_bits(con: duckdb.DuckDBPyConnection) -> bool:
+    """Refresh the option bits unless :func:`option_bits_current`; returns whether it refreshed.
+    Every writer in this module keeps the bits current, so this costs a metadata count except
+    after ``options`` was edited by other means (then one full refresh: about 1.4 s for 1M items
+    of four options, stop 42)."""
+    if option_bits_current(con):
+        return False
+    refresh_option_bits(con)
+    return True
 
 
 _SCORE_KEY = HOT_KEYS["predictions"]  # a sample's key: its scores are keyed as its prediction row
