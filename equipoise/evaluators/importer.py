@@ -53,10 +53,12 @@ from equipoise.evaluators.backends.base import Decoding
 from equipoise.evaluators.parsing import parse_answer
 from equipoise.evaluators.runner import run_id_for
 from equipoise.evaluators.store import (
+    OPTION_LABEL_BITS,
     PredictionRow,
     RunRow,
     SelectInsert,
     _holds_runs,
+    ensure_option_bits,
     insert_batch,
     insert_selects,
     sql_literal,
@@ -541,7 +543,7 @@ def _constant(col: pyarrow.ChunkedArray) -> bool:
     return bool(pyarrow.compute.all(pyarrow.compute.equal(col, col[0])).as_py())
 
 
-_PAIR_SCANS = 16  # above this many (dataset, config) pairs, one scan of options for all of them
+_PAIR_SCANS = 16  # above this many (dataset, config) pairs, one scan of items for all of them
 
 
 def _fast_checked(
@@ -653,8 +655,9 @@ def _fast_checked(
         run_join, rix_col, pix_col = f"JOIN _imp_runs k ON {on}", "k.rix", "k.pix"
     else:
         run_join, rix_col, pix_col = "", "0", "0"
-    # the labels this file names (scored or given as parsed_label), one bit each: every stored
-    # item of the file's datasets gets the bits of its options and of its abstain options
+    # the labels this file names (scored or given as parsed_label), each with its bit in the
+    # items' option bits (store schema v4); a label without one gets 0, which no check accepts:
+    # such a record goes to the record-by-record path, which names it
     named = list(labels)
     named += [
         r[0]
@@ -663,30 +666,29 @@ def _fast_checked(
         ).fetchall()
         if r[0] not in labels
     ]
-    if len(named) > 63:
-        return None  # more labels than bits: the record-by-record path judges such a file
-    bit_of = {lab: 1 << b for b, lab in enumerate(named)}
-    # a label's bit, for an option's label (lbit, 0 when not named) and a record's parsed label (pbit)
+    bit_of = {lab: OPTION_LABEL_BITS.get(lab, 0) for lab in named}
+    # a record's parsed label as its bit (pbit)
     whens = " ".join(f"WHEN {sql_literal(k)} THEN {v}" for k, v in bit_of.items())
-    lbit = f"CASE label {whens} ELSE 0 END" if bit_of else "0"
     pbit = f"CASE i.parsed_label {whens} END" if bit_of else "NULL::BIGINT"
-    # the bits of each stored item's options (and of its abstain options) among the named labels,
-    # for the items of the file's datasets; a record whose item is not there gets NULL. A file
-    # names few (dataset, config) pairs: one scan per pair, filtered on constants (DuckDB skips
-    # the other datasets' row groups) and grouped on item_id alone, costs about two thirds of one
-    # scan grouped on all three columns. The aggregate is stored first (a temporary table of one
-    # small row per item), not fed to the join as a subquery: DuckDB builds a join's hash table on
-    # the side it estimates smaller, and over the subquery it guessed the aggregate larger than
-    # the records, so it built on the records, copying every record's text columns into the hash
-    # table and out again; over the stored aggregate (exact counts) it builds on the aggregate's
-    # few columns and streams the records through. At 1M records (the Parquet file of
-    # benchmarks/import_bench.py, alternated five times under load): storing the aggregate plus
-    # the INSERT 1.63-1.78 CPU-s against 1.78-1.97 for the INSERT over the subquery.
-    bits = f"bit_or({lbit}) AS has, coalesce(bit_or({lbit}) FILTER (WHERE role = 'abstain'), 0) AS abstain"
+    # the option bits of each stored item of the file's datasets (and those of its abstain
+    # options), stored with the item: a record whose item is not there, or whose item's bits are
+    # NULL (a label without a bit), gets NULL and fails the checks. The bits are refreshed first
+    # if ``options`` changed behind the store's back (store.ensure_option_bits). A file names few
+    # (dataset, config) pairs: one scan per pair, filtered on constants (DuckDB skips the other
+    # datasets' row groups). The rows are stored first (a temporary table of one small row per
+    # item), not fed to the join as a subquery: DuckDB builds a join's hash table on the side it
+    # estimates smaller, and over a subquery it may guess that side larger than the records and
+    # build on the records, copying every record's text columns into the hash table and out
+    # again; over the stored table (exact counts) it builds on its few columns and streams the
+    # records through (stop 41: 1.63-1.78 CPU-s against 1.78-1.97 for the INSERT over the
+    # subquery). Reading the stored bits instead of grouping the options on every import: 0.07-0.09 s
+    # against 0.30-0.32 s at 1M records (benchmarks/RESULTS.md, stop 42).
+    ensure_option_bits(con)
+    bits = "option_bits AS has, abstain_bits AS abstain"
     if len(pix_of) <= _PAIR_SCANS:
         opt_sql = " UNION ALL ".join(
-            f"""SELECT {pix}::INTEGER AS pix, item_id, {bits} FROM options
-                WHERE dataset_id = {sql_literal(did)} AND config = {sql_literal(cfg)} GROUP BY item_id"""
+            f"""SELECT {pix}::INTEGER AS pix, item_id, {bits} FROM items
+                WHERE dataset_id = {sql_literal(did)} AND config = {sql_literal(cfg)}"""
             for (did, cfg), pix in pix_of.items()
         )
     else:
@@ -701,8 +703,7 @@ def _fast_checked(
             ),
         )
         opt_sql = f"""SELECT p.pix, o.item_id, {bits}
-                      FROM options o JOIN _imp_pairs p ON p.dataset_id = o.dataset_id AND p.config = o.config
-                      GROUP BY p.pix, o.item_id"""
+                      FROM items o JOIN _imp_pairs p ON p.dataset_id = o.dataset_id AND p.config = o.config"""
     # Where the stored options are matched. A run none of whose rows is stored yet (a first import:
     # the common case) is appended with no anti-join, so the item / label checks ride on the
     # insert itself: the predictions INSERT reads the records joined to their items' option bits
