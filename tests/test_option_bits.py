@@ -4,14 +4,19 @@ checks on them accept and refuse exactly what the record-by-record path does."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import duckdb
 import pandas as pd
 import pytest
+from typer.testing import CliRunner
 
 import equipoise.evaluators.importer as imp
+from equipoise.cli import app
 from equipoise.evaluators import store as st
 from equipoise.evaluators.importer import ImportError_, import_predictions
 from equipoise.evaluators.ingest import register
+from equipoise.evaluators.metrics import facts
 from equipoise.evaluators.store import ItemRow, OptionRow, connect, insert_batch
 from tests.test_import import _records, _stored, _write_jsonl
 from tests.test_store_migrate import _all_metrics, _v1_store
@@ -93,13 +98,42 @@ def test_bits_follow_the_options_in_any_write_order(tmp_path, order) -> None:
     con.close()
 
 
-def test_the_v4_migration_computes_the_bits_and_keeps_every_metric(tmp_path) -> None:
+def _v3_store(tmp_path) -> Path:
     path = _v1_store(tmp_path, version=2)  # then taken to v3 by its own migration: a v3 store
     con = duckdb.connect(str(path))
     version, sql = st.MIGRATIONS[2]
     assert version == 3
     con.execute(sql)
     con.execute("INSERT INTO schema_version VALUES (3)")
+    con.close()
+    return path
+
+
+def test_the_v4_migration_keeps_the_facts_current(tmp_path) -> None:
+    """The bits are derived from options, which the store's fingerprint covers: they are left out
+    of it, so a v3 store's facts stay current through the migration (no full refresh), and
+    rewriting the bits never invalidates them either."""
+    path = _v3_store(tmp_path)
+    con = duckdb.connect(str(path))
+    facts.refresh(con)
+    fp = facts.current(con)
+    con.close()
+    assert fp is not None
+    r = CliRunner().invoke(app, ["store", "migrate", str(path)])
+    assert r.exit_code == 0, r.output
+    con = st.connect(path)
+    assert facts.current(con) == fp
+    assert not facts.refresh(con)  # nothing to write
+    con.execute("UPDATE items SET option_bits = NULL, abstain_bits = NULL").fetchall()
+    assert facts.current(con) == fp
+    st.refresh_option_bits(con)
+    assert _stored_bits(con) == _expected_bits(con) and facts.current(con) == fp
+    con.close()
+
+
+def test_the_v4_migration_computes_the_bits_and_keeps_every_metric(tmp_path) -> None:
+    path = _v3_store(tmp_path)
+    con = duckdb.connect(str(path))
     # one item offered a label without a bit (plain SQL, as another tool might write it)
     con.execute(
         "INSERT INTO options SELECT * REPLACE ('Yes' AS label, option_id || '-yes' AS option_id) "

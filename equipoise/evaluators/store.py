@@ -112,6 +112,12 @@ def _update_bits_sql(where: str = "") -> str:
         WHERE items.dataset_id = b.dataset_id AND items.config = b.config AND items.item_id = b.item_id"""
 
 
+# Columns derived from other stored rows (the option bits from ``options``): left out of the store's
+# content fingerprint (metrics.facts), which already covers what they are derived from. So adding
+# them (the v4 migration) or refreshing them leaves the facts current: at 10M predictions the v4
+# migration's facts refresh took 704 s when they counted (benchmarks/RESULTS.md, stop 42).
+DERIVED_COLUMNS: dict[str, tuple[str, ...]] = {"items": ("option_bits", "abstain_bits")}
+
 # the store_meta key under which the number of option rows the option bits were computed from is kept
 OPTION_BITS_KEY = "option_bits_rows"
 _RECORD_BITS = (

@@ -52,7 +52,7 @@ from collections.abc import Mapping
 
 import duckdb
 
-from equipoise.evaluators.store import memory_capped, scalar, sql_literal
+from equipoise.evaluators.store import DERIVED_COLUMNS, memory_capped, scalar, sql_literal
 
 # the option scores are columns of ``predictions`` (store schema v3): hashing its rows covers them
 SOURCE_TABLES: tuple[str, ...] = ("datasets", "items", "options", "runs", "predictions")
@@ -132,7 +132,11 @@ def _main_tables(con: duckdb.DuckDBPyConnection) -> set[str]:
 
 
 def _columns(con: duckdb.DuckDBPyConnection, table: str) -> str:
-    return ", ".join(f'"{r[0]}"' for r in con.execute(f"DESCRIBE main.{table}").fetchall())
+    """The columns a table's fingerprint hashes: all but those derived from other tables."""
+    derived = DERIVED_COLUMNS.get(table, ())
+    return ", ".join(
+        f'"{r[0]}"' for r in con.execute(f"DESCRIBE main.{table}").fetchall() if r[0] not in derived
+    )
 
 
 def source_sums(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
