@@ -162,6 +162,22 @@ def _target(con: duckdb.DuckDBPyConnection, item_id: str) -> tuple[str, str]:
     ).fetchall()[0]
 
 
+# plain-SQL edits of one item's options in the plus_nota config (the ``?`` is the item id)
+DELETE_B = "DELETE FROM options WHERE item_id = ? AND config = 'plus_nota' AND label = 'B'"
+COPY_A_AS = (
+    "INSERT INTO options SELECT * REPLACE ('{label}' AS label, option_id || '-{label}' AS option_id) "
+    "FROM options WHERE item_id = ? AND config = 'plus_nota' AND label = 'A'"
+)
+
+
+def _edited_store(nota, path: Path, sql: str, item_id: str) -> duckdb.DuckDBPyConnection:
+    """A store holding the suite's plus_nota config, then ``sql`` run on it for ``item_id``."""
+    con = connect(path)
+    register(con, nota, "plus_nota")
+    con.execute(sql, [item_id]).fetchall()
+    return con
+
+
 def test_an_option_deleted_by_plain_sql_is_refused_as_the_checked_path_refuses_it(nota, tmp_path) -> None:
     """Stale bits (an option row deleted behind the store's back) are found by the options' row
     count and recomputed before the import trusts them: the record naming the deleted label is refused
@@ -173,11 +189,7 @@ def test_an_option_deleted_by_plain_sql_is_refused_as_the_checked_path_refuses_i
     f = _write_jsonl(tmp_path / "p.jsonl", recs)
     errors = []
     for fast in (True, False):
-        con = connect(tmp_path / f"s{fast}.duckdb")
-        register(con, nota, "plus_nota")
-        con.execute(
-            "DELETE FROM options WHERE item_id = ? AND config = 'plus_nota' AND label = 'B'", [rec["item_id"]]
-        ).fetchall()
+        con = _edited_store(nota, tmp_path / f"s{fast}.duckdb", DELETE_B, rec["item_id"])
         assert not st.option_bits_current(con)
         with pytest.raises(ImportError_) as exc:
             import_predictions(con, f, fast=fast)
@@ -200,13 +212,7 @@ def test_an_option_added_by_plain_sql_is_accepted_as_the_checked_path_accepts_it
     f = _write_jsonl(tmp_path / "p.jsonl", recs)
     stored = []
     for fast in (True, False):
-        con = connect(tmp_path / f"s{fast}.duckdb")
-        register(con, nota, "plus_nota")
-        con.execute(
-            "INSERT INTO options SELECT * REPLACE ('Z' AS label, option_id || '-z' AS option_id) "
-            "FROM options WHERE item_id = ? AND config = 'plus_nota' AND label = 'A'",
-            [rec["item_id"]],
-        ).fetchall()
+        con = _edited_store(nota, tmp_path / f"s{fast}.duckdb", COPY_A_AS.format(label="Z"), rec["item_id"])
         if fast:
             assert imp._fast_import(con, f) is not None
         else:
@@ -223,13 +229,7 @@ def test_items_whose_labels_have_no_bit_are_imported_by_the_checked_path(nota, t
     rec = recs[0]
     rec["raw_output"], rec["parsed_label"] = "Answer: Yes", "Yes"
     f = _write_jsonl(tmp_path / "p.jsonl", recs)
-    con = connect(tmp_path / "s.duckdb")
-    register(con, nota, "plus_nota")
-    con.execute(
-        "INSERT INTO options SELECT * REPLACE ('Yes' AS label, option_id || '-y' AS option_id) FROM options "
-        "WHERE item_id = ? AND config = 'plus_nota' AND label = 'A'",
-        [rec["item_id"]],
-    ).fetchall()
+    con = _edited_store(nota, tmp_path / "s.duckdb", COPY_A_AS.format(label="Yes"), rec["item_id"])
     assert imp._fast_import(con, f) is None
     assert _stored_bits(con)[(*_target(con, rec["item_id"]), rec["item_id"])] == (None, None)
     assert import_predictions(con, f).added == 4
