@@ -201,9 +201,7 @@ def test_an_option_deleted_by_plain_sql_is_refused_as_the_checked_path_refuses_i
     assert errors[0] == errors[1] and ":3:" in errors[0]
 
 
-def test_an_option_added_by_plain_sql_is_accepted_as_the_checked_path_accepts_it(
-    nota, tmp_path, monkeypatch
-) -> None:
+def test_an_option_added_by_plain_sql_is_accepted_as_the_checked_path_accepts_it(nota, tmp_path) -> None:
     """An option inserted by plain SQL (no bits written with it) is counted, the bits refreshed,
     and a record naming it goes through the columnar path, storing what the checked path stores."""
     recs = _records(nota, n=4)
@@ -222,20 +220,47 @@ def test_an_option_added_by_plain_sql_is_accepted_as_the_checked_path_accepts_it
     assert stored[0] == stored[1] and len(stored[0]["predictions"]) == 4
 
 
-def test_items_whose_labels_have_no_bit_are_imported_by_the_checked_path(nota, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("label", ["Yes", "A"])
+def test_items_whose_labels_have_no_bit_are_imported_by_the_checked_path(nota, tmp_path, label) -> None:
     """An item offering a label outside OPTION_LABELS keeps NULL bits: the columnar path cannot
-    vouch for its records and hands the file to the record-by-record path, which imports it."""
+    vouch for any of its records, whether they name that label or a letter the item also offers,
+    and hands the file to the record-by-record path, which stores what it stores on its own."""
     recs = _records(nota, n=4)
     rec = recs[0]
-    rec["raw_output"], rec["parsed_label"] = "Answer: Yes", "Yes"
+    rec["raw_output"], rec["parsed_label"] = f"Answer: {label}", label
     f = _write_jsonl(tmp_path / "p.jsonl", recs)
-    con = _edited_store(nota, tmp_path / "s.duckdb", COPY_A_AS.format(label="Yes"), rec["item_id"])
-    assert imp._fast_import(con, f) is None
-    assert _stored_bits(con)[(*_target(con, rec["item_id"]), rec["item_id"])] == (None, None)
-    assert import_predictions(con, f).added == 4
-    got = con.execute("SELECT parsed_label FROM predictions WHERE item_id = ?", [rec["item_id"]]).fetchall()
-    assert got == [("Yes",)]
-    con.close()
+    stored = []
+    for fast in (True, False):
+        con = _edited_store(nota, tmp_path / f"s{fast}.duckdb", COPY_A_AS.format(label="Yes"), rec["item_id"])
+        if fast:
+            assert imp._fast_import(con, f) is None
+            assert _stored_bits(con)[(*_target(con, rec["item_id"]), rec["item_id"])] == (None, None)
+        assert import_predictions(con, f, fast=fast).added == 4
+        stored.append(_stored(con))
+        con.close()
+    assert stored[0] == stored[1]
+    assert next(r for r in stored[0]["predictions"] if r[1] == rec["item_id"])[4] == label
+
+
+def test_a_write_batch_after_a_plain_sql_edit_refreshes_every_item(nota, tmp_path) -> None:
+    """A batch that finds the bits stale (options changed by plain SQL since they were computed)
+    refreshes all of them, not only its own items: recording the new count over the edited item's
+    old bits would hide them from every later check. Then the import refuses the deleted label as
+    the checked path does."""
+    recs = _records(nota, n=4)
+    rec = recs[2]
+    rec["raw_output"], rec["parsed_label"] = "Answer: B", "B"
+    f = _write_jsonl(tmp_path / "p.jsonl", recs)
+    errors = []
+    for fast in (True, False):
+        con = _edited_store(nota, tmp_path / f"s{fast}.duckdb", DELETE_B, rec["item_id"])
+        register(con, nota, "minus_correct_plus_nota")  # a batch of other items
+        assert st.option_bits_current(con) and _stored_bits(con) == _expected_bits(con)
+        with pytest.raises(ImportError_) as exc:
+            import_predictions(con, f, fast=fast)
+        errors.append(str(exc.value))
+        con.close()
+    assert errors[0] == errors[1] and ":3:" in errors[0]
 
 
 # plain-SQL edits of options that change its number of rows (found by the count) and that do not

@@ -8,22 +8,23 @@ The whole file is checked before anything is written: bytes that are not UTF-8, 
 or mistyped field, a number the store cannot hold, an unknown dataset version, an item not in that
 dataset config, a label that is not one of the item's options, a NaN / infinite log-probability, or
 a repeated (run, item, sample) each raise :class:`ImportError_` naming file, line and field. Only a
-file that passes completely is inserted, in one transaction, so nothing already stored is touched
-by a failed import, and importing the same file twice adds nothing (primary keys).
+file that passes completely is inserted, in one transaction, so nothing already stored is lost
+by a failed import (at most the items' derived option bits were refreshed first, where plain SQL
+had changed the options), and importing the same file twice adds nothing (primary keys).
 
 Two paths, one behaviour. A valid file is imported column by column (:func:`_fast_import`): Arrow
 parses the whole JSONL or Parquet file into typed columns, DuckDB reads them in place and checks
 every constraint above as a set operation (types, ranges, patterns, finiteness once per row; the
-run fields once per distinct run; stored dataset / item / labels through one bitmask of each
-item's options; repeated keys), then inserts the rows straight from SQL (option scores by one
-UNNEST pass over the records; a run with no stored rows yet is appended without the anti-join
-against stored keys, and its item / label checks run inside that INSERT, which raises and rolls
-the transaction back at the first failing record); only records without a ``parsed_label`` go
-through the answer parser one by one. Whenever that path is not certain a file
-is valid (any check fails, a type it does not expect, a ``null`` that JSON could mean as "absent"),
-it writes nothing and the record-by-record path (pydantic per record) runs instead and names the
-first problem by file, line and field. Both paths write identical rows (tested on files of every
-allowed shape) and refuse the same files (tested on crafted bad files).
+run fields once per distinct run; stored dataset / item / labels through the bitmask of each
+item's options stored on ``items``, schema v4; repeated keys), then inserts the rows straight from
+SQL (option scores by one UNNEST pass over the records; a run with no stored rows yet is
+appended without the anti-join against stored keys, and its item / label checks run inside that
+INSERT, which raises and rolls the transaction back at the first failing record); only records
+without a ``parsed_label`` go through the answer parser one by one. Whenever that path is not
+certain a file is valid (any check fails, a type it does not expect, a ``null`` that JSON could
+mean as "absent"), it writes nothing and the record-by-record path (pydantic per record) runs
+instead and names the first problem by file, line and field. Both paths write identical rows
+(tested on files of every allowed shape) and refuse the same files (tested on crafted bad files).
 """
 
 from __future__ import annotations
@@ -680,9 +681,11 @@ def _fast_checked(
     # estimates smaller, and over a subquery it may guess that side larger than the records and
     # build on the records, copying every record's text columns into the hash table and out
     # again; over the stored table (exact counts) it builds on its few columns and streams the
-    # records through (stop 41: 1.63-1.78 CPU-s against 1.78-1.97 for the INSERT over the
-    # subquery). Reading the stored bits instead of grouping the options on every import: 0.07-0.09 s
-    # against 0.30-0.32 s at 1M records (benchmarks/RESULTS.md, stop 42).
+    # records through (measured at stop 41 over the grouped options, which this table replaced:
+    # 1.63-1.78 CPU-s against 1.78-1.97 for the INSERT over the subquery; kept for the filtered
+    # items scan without measuring it again). Reading the stored bits instead of grouping the
+    # options on every import: 0.07-0.08 s against 0.27-0.34 s at 1M records
+    # (benchmarks/RESULTS.md, stops 41-42).
     ensure_option_bits(con)
     bits = "option_bits AS has, abstain_bits AS abstain"
     if len(pix_of) <= _PAIR_SCANS:

@@ -42,13 +42,14 @@ Schema v4 gives each item its option labels as bits: ``items.option_bits`` has t
 label the item offers and ``items.abstain_bits`` those of its abstain options, a label's bit being
 its position in :data:`OPTION_LABELS` (NULL where an option's label is not in that list, or the
 item has no option). Why: every import checks each record's labels against its item's options, and
-grouping the options per item on every import cost about a fifth of a 1M-record import (0.30 of
-1.84 s; benchmarks/RESULTS.md, stop 42); the bits are derived once, when options are written
+grouping the options per item on every import cost about a fifth of a 1M-record import (0.34 of
+1.84 s; benchmarks/RESULTS.md, stop 41); the bits are derived once, when options are written
 (:func:`insert_batch` refreshes those of the items a batch touches). They are a cache of
 ``options``, never an input, and ``store_meta`` records how many option rows they were computed
-from (key :data:`OPTION_BITS_KEY`): the importer refreshes them all (:func:`ensure_option_bits`)
-whenever ``options`` holds another number of rows, which a plain-SQL insert or delete causes. A
-plain-SQL ``UPDATE`` of an option's label or role keeps the count and is not seen: after one, call
+from (key :data:`OPTION_BITS_KEY`): the importer and the next write batch refresh them all
+(:func:`ensure_option_bits`) whenever ``options`` holds another number of rows, which a plain-SQL
+insert or delete causes. A plain-SQL edit that keeps the count (an ``UPDATE`` of an option's
+label or role, or as many rows deleted as inserted) is not seen: after one, call
 :func:`refresh_option_bits`.
 """
 
@@ -114,8 +115,9 @@ def _update_bits_sql(where: str = "") -> str:
 
 # Columns derived from other stored rows (the option bits from ``options``): left out of the store's
 # content fingerprint (metrics.facts), which already covers what they are derived from. So adding
-# them (the v4 migration) or refreshing them leaves the facts current: at 10M predictions the v4
-# migration's facts refresh took 704 s when they counted (benchmarks/RESULTS.md, stop 42).
+# them (the v4 migration) or refreshing them leaves the facts current: while they counted, the
+# v4 migration of a 10M-prediction store took 704 s, nearly all of it the facts refresh that
+# `store migrate` runs after it (benchmarks/RESULTS.md, stop 42).
 DERIVED_COLUMNS: dict[str, tuple[str, ...]] = {"items": ("option_bits", "abstain_bits")}
 
 # the store_meta key under which the number of option rows the option bits were computed from is kept
@@ -1188,13 +1190,21 @@ def insert_batch(
     ``unique=True`` says the caller has already checked that no key repeats within ``tables``
     (the importer does), which spares the hot tables the in-batch de-duplication. ``selects``
     (see :func:`insert_selects`) are queries whose rows are appended last, in the same transaction,
-    each plainly or through the anti-join as its ``append_only`` says (None: as the table says)."""
+    each plainly or through the anti-join as its ``append_only`` says (None: as the table says).
+    A batch that adds items or options also refreshes the option bits (schema v4) of the items it
+    touched, or of every item where the bits were stale before it, in the same transaction."""
     # (table, rows, keys known unique, rows validated by their pydantic model)
     todo = [(_TABLES[m], to_table(m, list(rows)), False, True) for m, rows in batches if rows]
     todo += [(name, t, unique, False) for name, t in (tables or []) if t.num_rows]
     # option scores are not a table of their own (schema v3): they ride on their predictions
     scores = [t for name, t, _, _ in todo if name == "option_scores"]
     todo = [row for row in todo if row[0] != "option_scores"]
+    # whether the option bits matched the options before this batch (read before it adds any):
+    # if not (an edit by plain SQL), refreshing only the batch's items would record the new count
+    # over stale bits elsewhere, so the whole table is refreshed instead
+    bits_current = not any(name in ("items", "options") for name, _, _, _ in todo) or option_bits_current(con)
+    # rows the batch added to items and options: none added and the bits current, nothing to refresh
+    added_shared = 0
     con.execute("BEGIN TRANSACTION")
     try:
         if scores:
@@ -1216,13 +1226,17 @@ def insert_batch(
             ).fetchall()
             if name == "predictions" and (not added or added[0][0] < table.num_rows):
                 all_appended = False
+            if name in ("items", "options") and added:
+                added_shared += int(added[0][0])
             con.unregister(view)
         if scores:
             predictions = [t for name, t, _, _ in todo if name == "predictions"]
             _attach_remaining_scores(con, predictions if all_appended else [])
         # the option bits of every item the batch wrote or gave options to, in the same transaction
         touched = [t.select(_ITEM_KEY) for name, t, _, _ in todo if name in ("items", "options")]
-        if touched:
+        if touched and not bits_current:
+            refresh_option_bits(con)
+        elif touched and added_shared:
             import pyarrow as pa  # a writer's import (module note on pyarrow)
 
             string = pa.schema([(c, pa.string()) for c in _ITEM_KEY])
@@ -1273,7 +1287,7 @@ def refresh_option_bits(con: duckdb.DuckDBPyConnection) -> None:
 def ensure_option_bits(con: duckdb.DuckDBPyConnection) -> bool:
     """Refresh the option bits unless :func:`option_bits_current`; returns whether it refreshed.
     Every writer in this module keeps the bits current, so this costs a metadata count except
-    after ``options`` was edited by other means (then one full refresh: about 1.4 s for 1M items
+    after ``options`` was edited by other means (then one full refresh: about 1.6 s for 1M items
     of four options, stop 42)."""
     if option_bits_current(con):
         return False
