@@ -684,7 +684,7 @@ def _fast_checked(
     # records through (measured at stop 41 over the grouped options, which this table replaced:
     # 1.63-1.78 CPU-s against 1.78-1.97 for the INSERT over the subquery; kept for the filtered
     # items scan without measuring it again). Reading the stored bits instead of grouping the
-    # options on every import: 0.07-0.08 s against 0.27-0.34 s at 1M records
+    # options on every import: 0.07-0.10 s against 0.27-0.36 s at 1M records
     # (benchmarks/RESULTS.md, stops 41-42).
     ensure_option_bits(con)
     bits = "option_bits AS has, abstain_bits AS abstain"
