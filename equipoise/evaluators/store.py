@@ -1199,10 +1199,12 @@ def insert_batch(
     # option scores are not a table of their own (schema v3): they ride on their predictions
     scores = [t for name, t, _, _ in todo if name == "option_scores"]
     todo = [row for row in todo if row[0] != "option_scores"]
-    # whether the option bits matched the options before this batch (read before it adds any):
-    # if not (an edit by plain SQL), refreshing only the batch's items would record the new count
-    # over stale bits elsewhere, so the whole table is refreshed instead
-    bits_current = not any(name in ("items", "options") for name, _, _, _ in todo) or option_bits_current(con)
+    # the batch's items and options tables, whose items' option bits it refreshes; whether the
+    # bits matched the options before this batch (read before it adds any): if not (an edit by
+    # plain SQL), refreshing only the batch's items would record the new count over stale bits
+    # elsewhere, so the whole table is refreshed instead
+    shared = [t for name, t, _, _ in todo if name in ("items", "options")]
+    bits_current = not shared or option_bits_current(con)
     # rows the batch added to items and options: none added and the bits current, nothing to refresh
     added_shared = 0
     con.execute("BEGIN TRANSACTION")
@@ -1233,20 +1235,20 @@ def insert_batch(
             predictions = [t for name, t, _, _ in todo if name == "predictions"]
             _attach_remaining_scores(con, predictions if all_appended else [])
         # the option bits of every item the batch wrote or gave options to, in the same transaction
-        touched = [t.select(_ITEM_KEY) for name, t, _, _ in todo if name in ("items", "options")]
-        if touched and not bits_current:
-            refresh_option_bits(con)
-        elif touched and added_shared:
+        if shared and not bits_current:
+            _refresh_bits(con)
+        elif shared and added_shared:
             import pyarrow as pa  # a writer's import (module note on pyarrow)
 
             string = pa.schema([(c, pa.string()) for c in _ITEM_KEY])
-            con.register("_touched_items", pa.concat_tables([t.cast(string) for t in touched]))
+            con.register(
+                "_touched_items", pa.concat_tables([t.select(_ITEM_KEY).cast(string) for t in shared])
+            )
             try:
                 # each key column among the touched ones: a superset of the touched items (an item
                 # of another config with a touched id), each recomputed from its own options
                 among = " AND ".join(f"{c} IN (SELECT {c} FROM _touched_items)" for c in _ITEM_KEY)
-                con.execute(_update_bits_sql(f"WHERE {among}")).fetchall()
-                con.execute(_RECORD_BITS).fetchall()
+                _refresh_bits(con, f"WHERE {among}")
             finally:
                 con.unregister("_touched_items")
         for name, columns, query, append_only in selects:
@@ -1277,10 +1279,16 @@ def option_bits_current(con: duckdb.DuckDBPyConnection) -> bool:
 
 
 def refresh_option_bits(con: duckdb.DuckDBPyConnection) -> None:
-    """Recompute every item's option bits from ``options`` and record the rows they came from.
-    The count is recorded after the bits are written: a crash between the two only means another
-    refresh next time."""
-    con.execute(_update_bits_sql()).fetchall()
+    """Recompute every item's option bits from ``options`` and record the rows they came from."""
+    _refresh_bits(con)
+
+
+def _refresh_bits(con: duckdb.DuckDBPyConnection, where: str = "") -> None:
+    """Recompute the option bits of the items ``where`` selects (every item for "") and record the
+    options' row count. Only for all items, or for the items a batch wrote over bits that were
+    current before it: the count says every item's bits are current. The count is recorded after
+    the bits are written: a crash between the two only means another refresh next time."""
+    con.execute(_update_bits_sql(where)).fetchall()
     con.execute(_RECORD_BITS).fetchall()
 
 
