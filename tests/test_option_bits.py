@@ -98,22 +98,11 @@ def test_bits_follow_the_options_in_any_write_order(tmp_path, order) -> None:
     con.close()
 
 
-def _v3_store(tmp_path) -> Path:
-    path = _v1_store(tmp_path, version=2)  # then taken to v3 by its own migration: a v3 store
-    con = duckdb.connect(str(path))
-    version, sql = st.MIGRATIONS[2]
-    assert version == 3
-    con.execute(sql)
-    con.execute("INSERT INTO schema_version VALUES (3)")
-    con.close()
-    return path
-
-
 def test_the_v4_migration_keeps_the_facts_current(tmp_path) -> None:
     """The bits are derived from options, which the store's fingerprint covers: they are left out
     of it, so a v3 store's facts stay current through the migration (no full refresh), and
     rewriting the bits never invalidates them either."""
-    path = _v3_store(tmp_path)
+    path = _v1_store(tmp_path, version=3)
     con = duckdb.connect(str(path))
     facts.refresh(con)
     fp = facts.current(con)
@@ -132,7 +121,7 @@ def test_the_v4_migration_keeps_the_facts_current(tmp_path) -> None:
 
 
 def test_the_v4_migration_computes_the_bits_and_keeps_every_metric(tmp_path) -> None:
-    path = _v3_store(tmp_path)
+    path = _v1_store(tmp_path, version=3)
     con = duckdb.connect(str(path))
     # one item offered a label without a bit (plain SQL, as another tool might write it)
     con.execute(

@@ -21,7 +21,8 @@ V1_TABLES = ("datasets", "items", "options", "runs", "predictions", "option_scor
 
 def _v1_store(tmp_path: Path, version: int = 1) -> Path:
     """A store written with the DDL of schema ``version`` (its migrations only), filled with a
-    synthetic store's rows (the option scores as the long table of v1 / v2)."""
+    synthetic store's rows (the option scores as the long table of v1 / v2, as the predictions'
+    score lists from v3, where ``option_scores`` is a view over them)."""
     src = tmp_path / "src.duckdb"
     spec = SyntheticSpec(n_items=60, models=("m1", "m2"), samples=2, unparsed_rate=0.1, seed=3)
     make_store(src, spec)
@@ -32,7 +33,15 @@ def _v1_store(tmp_path: Path, version: int = 1) -> Path:
         con.execute(sql)
         con.execute("INSERT INTO schema_version VALUES (?)", [v])
     con.execute(f"ATTACH '{src}' AS src (READ_ONLY)")
+    views = {
+        r[0]
+        for r in con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE database_name = current_database()"
+        ).fetchall()
+    }
     for t in V1_TABLES:
+        if t in views:
+            continue
         cols = ", ".join(r[0] for r in con.execute(f"DESCRIBE {t}").fetchall())
         con.execute(f"INSERT INTO {t} ({cols}) SELECT {cols} FROM src.{t}")
     con.execute("DETACH src")
