@@ -177,7 +177,7 @@ def main() -> int:
     if machine is not None:
         print(
             f"during the import: steal {machine['steal']:.2f} s, other processes "
-            f"{out['import_machine_others_s']:.2f} s (CPU s, all cores)"
+            f"{machine['others']:.2f} s (CPU s, all cores)"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
